@@ -1,0 +1,138 @@
+"""Compile every kernel specialisation with the machine's ``nvcc`` (no GPU needed) and report
+registers, shared memory and spills per kernel and architecture.
+
+    python -m cuflash.compile_check            # sm_80 and sm_90, table on stdout
+    python -m cuflash.compile_check --arch 90  # one architecture
+
+The CPU test suite runs the same check and fails on any compile error or register spill.
+The source compiled is exactly what NVRTC compiles at run time (``_loader.expand_source``),
+plus one line per specialisation that takes the kernel's address to instantiate it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from . import _loader, _plan
+
+ARCHS = ("80", "90")
+
+
+def find_nvcc() -> str | None:
+    for candidate in (os.environ.get("CUDACXX"), shutil.which("nvcc"),
+                      "/usr/local/cuda/bin/nvcc"):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+@dataclass
+class KernelReport:
+    arch: str
+    name: str           # mangled name as ptxas prints it
+    registers: int
+    smem_static: int
+    stack: int
+    spill_stores: int
+    spill_loads: int
+
+
+def instantiation_source(filename: str, names: list[str]) -> str:
+    lines = [_loader.expand_source(filename), '#line 1 "compile_check_instantiations"']
+    for i, name in enumerate(names):
+        lines.append(f"__device__ void* cuflash_instantiate_{i} = (void*)&{name};")
+    return "\n".join(lines) + "\n"
+
+
+_FUNC = re.compile(r"Compiling entry function '(?P<name>[^']+)' for '(?P<arch>sm_\w+)'")
+_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers.*?(?:, (\d+) bytes smem)?")
+
+
+def parse_ptxas(log: str) -> list[KernelReport]:
+    reports, current, stack = [], None, (0, 0, 0)
+    for line in log.splitlines():
+        if m := _FUNC.search(line):
+            current = (m.group("arch").removeprefix("sm_"), m.group("name"))
+        elif (m := _STACK.search(line)) and current:
+            stack = tuple(int(x) for x in m.groups())
+        elif (m := _USED.search(line)) and current:
+            smem = re.search(r"(\d+) bytes smem", line)
+            reports.append(KernelReport(current[0], current[1], int(m.group(1)),
+                                        int(smem.group(1)) if smem else 0, *stack))
+            current, stack = None, (0, 0, 0)
+    return reports
+
+
+def compile_file(filename: str, names: list[str], arch: str, nvcc: str) -> tuple[str, list]:
+    """Compile the specialisations `names` of kernels/`filename` for sm_`arch`.
+    Returns (compiler log, reports); raises RuntimeError on a compile error."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "check.cu")
+        with open(src, "w") as f:
+            f.write(instantiation_source(filename, names))
+        cmd = [nvcc, "-cubin", f"-arch=sm_{arch}", *_loader.NVRTC_OPTIONS, "-Xptxas", "-v",
+               "-o", os.path.join(tmp, "check.cubin"), src]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            loc = _loader.first_error_location(log)
+            where = f"{loc[0]}:{loc[1]}: {loc[2]}" if loc else "compile failed"
+            raise RuntimeError(f"nvcc sm_{arch}, kernels/{filename}: {where}\n{log}")
+        return log, parse_ptxas(log)
+
+
+def check_all(archs=ARCHS, nvcc: str | None = None) -> list[KernelReport]:
+    nvcc = nvcc or find_nvcc()
+    if nvcc is None:
+        raise FileNotFoundError("nvcc not found (set CUDACXX or put nvcc on PATH)")
+    by_file = defaultdict(list)
+    for filename, name in _plan.all_specialisations():
+        by_file[filename].append(name)
+    jobs = [(f, names, a) for f, names in by_file.items() for a in archs]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+        results = list(pool.map(lambda job: compile_file(*job, nvcc), jobs))
+    reports = [r for _, rs in results for r in rs]
+    expected = len(_plan.all_specialisations()) * len(archs)
+    if len(reports) != expected:
+        raise RuntimeError(f"expected {expected} kernels in the ptxas report, got {len(reports)}")
+    return reports
+
+
+def _demangle(names: list[str]) -> dict[str, str]:
+    cxxfilt = shutil.which("c++filt")
+    if not cxxfilt:
+        return {n: n for n in names}
+    out = subprocess.run([cxxfilt], input="\n".join(names), capture_output=True, text=True)
+    return dict(zip(names, out.stdout.splitlines()))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", action="append", help="80, 90, ... (repeatable)")
+    args = parser.parse_args(argv)
+    reports = check_all(tuple(args.arch or ARCHS))
+    names = _demangle(sorted({r.name for r in reports}))
+    print(f"{'arch':<6}{'regs':>5}{'stack':>7}{'spill st':>9}{'spill ld':>9}  kernel")
+    bad = 0
+    for r in sorted(reports, key=lambda r: (names[r.name], r.arch)):
+        flag = "  <-- SPILLS" if r.spill_stores or r.spill_loads else ""
+        bad += bool(flag)
+        short = names[r.name].replace("void ", "").split("(")[0]
+        print(f"sm_{r.arch:<3}{r.registers:>5}{r.stack:>7}{r.spill_stores:>9}{r.spill_loads:>9}"
+              f"  {short}{flag}")
+    print(f"{len(reports)} kernels compiled, {bad} with spills")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

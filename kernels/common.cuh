@@ -1,0 +1,236 @@
+// common.cuh: the small set of device primitives every cuflash kernel uses.
+//
+// No CUDA headers are included on purpose: the kernels compile the same way under NVRTC
+// (through cupy.RawModule, at run time) and under nvcc (the CPU compile check), with no
+// include paths to find. 16-bit values travel as raw `unsigned short` bits; every conversion
+// and every tensor-core instruction is written as PTX below.
+//
+// Contents
+//   element types      fp16 / bf16 tags: conversion and the matching mma.sync instruction
+//   tensor cores       mma_m16n8k16 (fp32 accumulate), ldmatrix x4 (and .trans)
+//   async copies       cp.async 16 B with zero fill, commit / wait
+//   shared memory      the 16-byte-chunk XOR swizzle used by every tile
+//   math               exp2 (ex2.approx), warp-quad reductions
+#pragma once
+
+namespace cuflash {
+
+// ---------------------------------------------------------------------------------------------
+// Element types
+// ---------------------------------------------------------------------------------------------
+
+// Two 16-bit values packed in one 32-bit register: the unit of every mma.sync operand.
+// pack(lo, hi) puts `lo` in bits 0..15, which is the lower column index in a fragment.
+struct fp16 {
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+        unsigned r;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+    static __device__ __forceinline__ unsigned short from_float(float x) {
+        unsigned short r;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x));
+        return r;
+    }
+    // D(16x8, f32) += A(16x16) B(16x8)
+    static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4],
+                                               unsigned b0, unsigned b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+struct bf16 {
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+        unsigned r;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+    static __device__ __forceinline__ unsigned short from_float(float x) {
+        unsigned short r;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+        return r;
+    }
+    static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4],
+                                               unsigned b0, unsigned b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+typedef unsigned short elem_t;  // storage of one fp16 / bf16 value
+
+// ---------------------------------------------------------------------------------------------
+// Shared memory: addresses and the swizzle
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// A tile row of D 16-bit elements is D/8 chunks of 16 bytes. ldmatrix reads the same chunk
+// of 8 consecutive rows; without a swizzle those 8 reads hit the same banks whenever the row
+// pitch is a multiple of 128 bytes. Chunk c of row r is stored at chunk swizzle<D>(r, c):
+//   - inside each full group of 8 chunks: c ^ (r % 8)
+//   - in a trailing group of 4 chunks (D % 64 == 32): c ^ ((r / 2) % 4)
+// Either way 8 consecutive rows land on 8 distinct 16-byte bank groups, for loads (cp.async),
+// ldmatrix and the epilogue's stores alike.
+template <int D>
+__device__ __forceinline__ int swizzle(int r, int c) {
+    static_assert(D % 32 == 0, "tile rows must be a multiple of 32 elements");
+    constexpr int NC = D / 8;
+    if ((c | 7) < NC) return c ^ (r & 7);
+    return c ^ ((r >> 1) & 3);
+}
+
+// Element offset of (row r, chunk c) in a swizzled (rows x D) tile.
+template <int D>
+__device__ __forceinline__ int tile_offset(int r, int c) {
+    return r * D + swizzle<D>(r, c) * 8;
+}
+
+// Addresses for ldmatrix reads of a swizzled (rows x D) tile, built so that the compiler keeps
+// a handful of registers per tile instead of one per (row, chunk) pair.
+// A lane reads row R0 + lane_row and chunk C0 + lane_chunk, where R0 (a multiple of 8) and C0
+// (even) are compile-time constants after unrolling, lane_row % 8 == lane % 8 and lane_chunk is
+// 0 or 1. Then (C0 + lane_chunk) ^ (r % 8) == (C0 & ~7) + ((C0 & 7) ^ t) with t depending on
+// the lane only, so 4 per-lane bases (C0 % 8 = 0, 2, 4, 6) plus an immediate cover the tile.
+template <int D>
+struct SwizzledReader {
+    unsigned full[4];  // inside full 8-chunk groups
+    unsigned tail[2];  // inside the trailing 4-chunk group of D % 64 == 32
+    __device__ __forceinline__ SwizzledReader(unsigned tile_addr, int lane_row, int lane_chunk) {
+        const unsigned row_addr = tile_addr + lane_row * D * 2;
+        const int t = lane_chunk ^ (lane_row & 7);
+        const int t2 = lane_chunk ^ ((lane_row >> 1) & 3);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) full[q] = row_addr + ((2 * q) ^ t) * 16;
+#pragma unroll
+        for (int q = 0; q < 2; ++q) tail[q] = row_addr + ((2 * q) ^ t2) * 16;
+    }
+    // Shared address of (row R0 + lane_row, chunk C0 + lane_chunk), swizzled like tile_offset.
+    __device__ __forceinline__ unsigned at(int R0, int C0) const {
+        if ((C0 | 7) < D / 8) return full[(C0 & 7) >> 1] + R0 * D * 2 + (C0 & ~7) * 16;
+        return tail[(C0 & 3) >> 1] + R0 * D * 2 + (C0 & ~3) * 16;
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// ldmatrix: four 8x8 matrices of 16-bit values per warp; lane i gives the row address
+// of matrix i/8, row i%8. Register j of every lane receives matrix j.
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// ---------------------------------------------------------------------------------------------
+// cp.async: 16-byte global -> shared copies that bypass registers. When `valid` is false the
+// 16 bytes are zero-filled instead (src-size 0), which is how tiles are padded past the end
+// of a sequence or past the head dim without touching memory outside the input.
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool valid) {
+    int src_size = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(dst), "l"(src), "r"(src_size));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N));
+}
+
+// Copy a (ROWS x D) tile whose row r starts at src + r * row_stride into swizzled shared
+// memory. Rows >= rows_valid and chunks >= chunks_valid (head dim d < D) are zero-filled.
+// NTHREADS threads share the work, consecutive threads taking consecutive 16-byte chunks of
+// a row, so global reads are coalesced.
+template <int ROWS, int D, int NTHREADS>
+__device__ __forceinline__ void load_tile_async(elem_t* smem, const elem_t* src,
+                                                long long row_stride, int rows_valid,
+                                                int chunks_valid, int tid) {
+    constexpr int NC = D / 8;
+    const unsigned base = smem_u32(smem);
+    if constexpr (NTHREADS % NC == 0) {
+        // Each thread keeps one chunk column c and steps down ROWS_PER_IT rows at a time. The
+        // swizzle depends on the row modulo 8 only, so it repeats every PERIOD steps: PERIOD
+        // shared-address registers plus immediates cover the whole tile.
+        constexpr int ROWS_PER_IT = NTHREADS / NC;
+        constexpr int PERIOD = ROWS_PER_IT % 8 == 0 ? 1 : ROWS_PER_IT % 4 == 0 ? 2
+                             : ROWS_PER_IT % 2 == 0 ? 4 : 8;
+        const int r0 = tid / NC, c = tid % NC;
+        unsigned dst[PERIOD];
+#pragma unroll
+        for (int p = 0; p < PERIOD; ++p)
+            dst[p] = base + 2u * tile_offset<D>(r0 + p * ROWS_PER_IT, c);
+        const elem_t* g = src + r0 * row_stride + c * 8;
+        const long long g_step = ROWS_PER_IT * row_stride;  // bumped, not recomputed per row
+#pragma unroll
+        for (int it = 0; it < (ROWS + ROWS_PER_IT - 1) / ROWS_PER_IT; ++it, g += g_step) {
+            const int r = r0 + it * ROWS_PER_IT;
+            if (ROWS % ROWS_PER_IT != 0 && r >= ROWS) break;
+            const bool valid = r < rows_valid && c < chunks_valid;
+            cp_async_16(dst[it % PERIOD] + (it / PERIOD) * PERIOD * ROWS_PER_IT * D * 2,
+                        valid ? g : src, valid);
+        }
+    } else {
+        constexpr int ITERS = (ROWS * NC + NTHREADS - 1) / NTHREADS;
+#pragma unroll
+        for (int it = 0; it < ITERS; ++it) {
+            const int i = tid + it * NTHREADS;
+            if ((ROWS * NC) % NTHREADS != 0 && i >= ROWS * NC) break;
+            const int r = i / NC, c = i % NC;
+            const bool valid = r < rows_valid && c < chunks_valid;
+            const elem_t* g = valid ? src + r * row_stride + c * 8 : src;
+            cp_async_16(base + 2u * tile_offset<D>(r, c), g, valid);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Math
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float exp2_approx(float x) {  // 2^x; 2^-inf = 0
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Reductions over the 4 lanes (a "quad") that hold one row of an mma accumulator.
+__device__ __forceinline__ float shfl_xor(float x, int lane_mask) {
+    float y;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;"
+                 : "=f"(y) : "f"(x), "r"(lane_mask));
+    return y;
+}
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, shfl_xor(x, 1));
+    return fmaxf(x, shfl_xor(x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += shfl_xor(x, 1);
+    return x + shfl_xor(x, 2);
+}
+
+// A compile-time bool as a type (selects the masked / unmasked variant of a loop body).
+template <bool V>
+struct Bool { static constexpr bool value = V; };
+
+#define CUFLASH_NEG_INF (__int_as_float(0xff800000))
+
+}  // namespace cuflash

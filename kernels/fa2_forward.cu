@@ -1,0 +1,298 @@
+// fa2_forward.cu: FlashAttention-2 forward, O = softmax(S) V with S = scale * Q K^T,
+// on tensor cores (mma.sync m16n8k16, fp32 accumulate), sm_80 and newer.
+//
+// Algorithm (the seed document, section 2.4.1.1; names as there):
+//   one thread block per (row block i of Q, head, batch); T_c column blocks of K/V visited.
+//   Q_i (B_r x d) is loaded to shared memory once. For each column block j:
+//       S_ij   = Q_i K_j^T                               (tensor cores, registers)
+//       m_new  = max(m_i, rowmax(S_ij))
+//       P~_ij  = exp(S_ij - m_new)                       (exp2 with log2(e) folded in the scale)
+//       l_i    = e^(m_i - m_new) l_i + rowsum(P~_ij)
+//       O~_i   = diag(e^(m_i - m_new)) O~_i + P~_ij V_j  (P~ stays in registers: A operand)
+//       m_i    = m_new
+//   and at the end  O_i = diag(l_i)^-1 O~_i,  L_i = m_i + log(l_i)  (written to HBM once).
+//
+// Work split inside a block (FlashAttention-2's "split Q"): each of the NWARPS warps owns
+// B_r / NWARPS rows of Q_i and reads all of K_j, V_j, so the softmax statistics of a row never
+// leave its warp: no shared-memory exchange between warps in the inner loop.
+//
+// Pipelining: K_j and V_j each have one shared-memory buffer. V_j is fetched (cp.async) while
+// S_ij is computed, K_{j+1} while O~_i += P~_ij V_j is computed.
+//
+// Variants (template parameters; cuflash/_plan.py picks them):
+//   T       fp16 | bf16                      element type of Q, K, V, O
+//   D       32, 64, ..., 256                 head-dim bucket; the real d (multiple of 8, <= D)
+//                                            is zero-padded inside shared memory
+//   B_r, B_c, NWARPS                         tile shape (see ForwardTile)
+//   CAUSAL                                   bottom-right aligned causal mask, blocks fully
+//                                            above the diagonal skipped (block_range.cuh)
+#include "common.cuh"
+#include "block_range.cuh"
+
+namespace cuflash {
+
+// ---------------------------------------------------------------------------------------------
+// Tile shape and the quantities derived from it
+// ---------------------------------------------------------------------------------------------
+template <int D_, int B_r_, int B_c_, int NWARPS_>
+struct ForwardTile {
+    static constexpr int D = D_, B_r = B_r_, B_c = B_c_, NWARPS = NWARPS_;
+    static constexpr int NTHREADS = NWARPS * 32;
+    static constexpr int ROWS_PER_WARP = B_r / NWARPS;
+    static constexpr int MT = ROWS_PER_WARP / 16;  // m16 tiles of rows per warp
+    static constexpr int NT_S = B_c / 8;           // n8 tiles across S_ij
+    static constexpr int NT_O = D / 8;             // n8 tiles across O~_i
+    static constexpr int KS_QK = D / 16;           // k16 steps of Q_i K_j^T
+    static constexpr int KS_PV = B_c / 16;         // k16 steps of P~_ij V_j
+    // Shared memory, in elements: Q_i (B_r x D), K_j (B_c x D), V_j (B_c x D).
+    static constexpr int SMEM_ELEMS = (B_r + 2 * B_c) * D;
+
+    static_assert(D % 32 == 0 && D <= 256, "head-dim bucket must be a multiple of 32, <= 256");
+    static_assert(B_r % (16 * NWARPS) == 0, "each warp owns whole m16 tiles of rows");
+    static_assert(MT >= 1 && MT <= 2, "1 or 2 m16 tiles per warp");
+    static_assert(B_c % 16 == 0, "B_c is a whole number of k16 steps of P V");
+};
+
+struct alignas(16) Chunk16 { unsigned x, y, z, w; };  // one 16-byte vector of 8 elements
+
+// ---------------------------------------------------------------------------------------------
+// The kernel
+// ---------------------------------------------------------------------------------------------
+// Q, K, V: (batch, seqlen, heads, d) with arbitrary strides in elements (the last dim is
+// contiguous); q head h reads kv head h / group (MQA/GQA). O has Q's shape (its own strides);
+// L is float32 (batch, heads, seqlen_q), contiguous.
+template <typename T, int D, int B_r, int B_c, int NWARPS, bool CAUSAL>
+__global__ void __launch_bounds__(NWARPS * 32)
+fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
+            const elem_t* __restrict__ V, elem_t* __restrict__ O, float* __restrict__ L,
+            int seqlen_q, int seqlen_k, int d, int group,
+            long long q_stride_b, long long q_stride_s, long long q_stride_h,
+            long long k_stride_b, long long k_stride_s, long long k_stride_h,
+            long long v_stride_b, long long v_stride_s, long long v_stride_h,
+            long long o_stride_b, long long o_stride_s, long long o_stride_h,
+            float softmax_scale, float scale_log2) {
+    using Tile = ForwardTile<D, B_r, B_c, NWARPS>;
+    constexpr int NTHREADS = Tile::NTHREADS, RPW = Tile::ROWS_PER_WARP, MT = Tile::MT;
+    constexpr int NT_S = Tile::NT_S, NT_O = Tile::NT_O;
+
+    // One dynamic shared buffer carved into the three tiles.
+    extern __shared__ __attribute__((aligned(128))) elem_t smem[];
+    elem_t* sQ = smem;            // (B_r, D)  Q_i, later the staging area of O_i
+    elem_t* sK = sQ + B_r * D;    // (B_c, D)  K_j
+    elem_t* sV = sK + B_c * D;    // (B_c, D)  V_j
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+
+    // ldmatrix lane addressing (see the fragment layouts in the inner loop):
+    //   Q_i (A, row-major):   lane reads row (lane % 8) + 8 * ((lane / 8) % 2), chunk lane / 16
+    //   K_j (B, K^T columns): lane reads row (lane % 8) + 8 * (lane / 16),     chunk (lane / 8) % 2
+    //   V_j (B, .trans):      lane reads row (lane % 8) + 8 * ((lane / 8) % 2), chunk lane / 16
+    const SwizzledReader<D> readQ(smem_u32(sQ) + warp * RPW * D * 2,
+                                  lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+    const SwizzledReader<D> readK(smem_u32(sK), lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+    const SwizzledReader<D> readV(smem_u32(sV), lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+    // Causal row blocks near the bottom visit the most column blocks: launch them first.
+    const int row_block = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
+    const int head_k = head / group;
+    const int row0 = row_block * B_r;  // first query row of Q_i
+    const int chunks = d / 8;          // 16-byte chunks of real data per row
+
+    const elem_t* q = Q + batch * q_stride_b + row0 * q_stride_s + head * q_stride_h;
+    const elem_t* k = K + batch * k_stride_b + head_k * k_stride_h;
+    const elem_t* v = V + batch * v_stride_b + head_k * v_stride_h;
+
+    const ColumnBlocks cb = column_blocks<B_r, B_c, CAUSAL>(row_block, seqlen_q, seqlen_k);
+
+    // Q_i: HBM -> shared, with K_{begin} in the same cp.async group.
+    load_tile_async<B_r, D, NTHREADS>(sQ, q, q_stride_s, seqlen_q - row0, chunks, tid);
+    if (cb.begin < cb.end)
+        load_tile_async<B_c, D, NTHREADS>(sK, k + cb.begin * B_c * k_stride_s, k_stride_s,
+                                          seqlen_k - cb.begin * B_c, chunks, tid);
+    cp_async_commit();
+
+    // Per-thread state. Accumulator fragment layout of mma m16n8k16: lane holds rows
+    // g = lane / 4 and g + 8 (index [e / 2]) and columns 2 * (lane % 4) + (e % 2) of a 16x8 tile.
+    float o[MT][NT_O][4];  // O~_i, unscaled
+    float m[MT][2];        // m_i, running row max of S_ij (unscaled by softmax_scale)
+    float l[MT][2];        // l_i, this lane's part of the running row sum (quad-reduced at end)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NT_O; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.f;
+        m[mt][0] = m[mt][1] = CUFLASH_NEG_INF;
+        l[mt][0] = l[mt][1] = 0.f;
+    }
+
+    // ---- the FA2 inner loop: one step per column block j ----------------------------------
+    auto step = [&](int j, auto masked) {
+        constexpr bool MASK = decltype(masked)::value;
+        const int col0 = j * B_c;  // first key column of K_j
+        cp_async_wait<0>();
+        __syncthreads();  // K_j is in shared memory; every warp is done with V_{j-1}
+
+        // V_j: HBM -> shared, overlapping S_ij = Q_i K_j^T below.
+        load_tile_async<B_c, D, NTHREADS>(sV, v + col0 * v_stride_s, v_stride_s,
+                                          seqlen_k - col0, chunks, tid);
+        cp_async_commit();
+
+        // S_ij = Q_i K_j^T: (RPW x B_c) per warp. A = Q_i rows (ldmatrix), B = K_j rows
+        // (ldmatrix without .trans: a row of K is a column of K^T).
+        float s[MT][NT_S][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < Tile::KS_QK; ++kk) {
+            unsigned a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], readQ.at(mt * 16, kk * 2));
+#pragma unroll
+            for (int nt2 = 0; nt2 < NT_S / 2; ++nt2) {
+                unsigned bk[4];  // B fragments of n8 tiles 2*nt2 and 2*nt2+1
+                ldmatrix_x4(bk, readK.at(nt2 * 16, kk * 2));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    T::mma(s[mt][2 * nt2], a[mt], bk[0], bk[1]);
+                    T::mma(s[mt][2 * nt2 + 1], a[mt], bk[2], bk[3]);
+                }
+            }
+        }
+
+        // Mask (only on blocks that cross the causal diagonal or the end of K):
+        // S_ij[r, c] = -inf where key c is not visible from query r.
+        if (MASK) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; ++e2) {
+                    const int row = row0 + warp * RPW + mt * 16 + lane / 4 + e2 * 8;
+                    const int limit = visible_limit<CAUSAL>(row, seqlen_q, seqlen_k) - col0;
+#pragma unroll
+                    for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+                        for (int e1 = 0; e1 < 2; ++e1)
+                            if (nt * 8 + (lane % 4) * 2 + e1 > limit)
+                                s[mt][nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
+                }
+        }
+
+        // Online softmax, row by row (each row lives in one quad of lanes):
+        //   m_new = max(m_i, rowmax(S_ij)); P~_ij = exp(scale * (S_ij - m_new));
+        //   l_i = e^(scale (m_i - m_new)) l_i + rowsum(P~_ij); O~_i *= e^(scale (m_i - m_new)).
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2) {
+                float m_new = m[mt][e2];
+#pragma unroll
+                for (int nt = 0; nt < NT_S; ++nt)
+                    m_new = fmaxf(m_new, fmaxf(s[mt][nt][e2 * 2], s[mt][nt][e2 * 2 + 1]));
+                m_new = quad_max(m_new);
+                // A row with nothing visible yet keeps m = -inf; use 0 so that -inf - -inf
+                // never makes a NaN (its P~ is exp(-inf) = 0 either way).
+                const float m_scaled = m_new == CUFLASH_NEG_INF ? 0.f : m_new * scale_log2;
+                const float alpha = exp2_approx(m[mt][e2] * scale_log2 - m_scaled);
+                m[mt][e2] = m_new;
+                l[mt][e2] *= alpha;
+#pragma unroll
+                for (int nt = 0; nt < NT_O; ++nt) {
+                    o[mt][nt][e2 * 2] *= alpha;
+                    o[mt][nt][e2 * 2 + 1] *= alpha;
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+                    for (int e1 = 0; e1 < 2; ++e1) {
+                        float& x = s[mt][nt][e2 * 2 + e1];
+                        x = exp2_approx(fmaf(x, scale_log2, -m_scaled));
+                        l[mt][e2] += x;
+                    }
+            }
+
+        cp_async_wait<0>();
+        __syncthreads();  // V_j is in shared memory; every warp is done reading K_j
+        // K_{j+1}: HBM -> shared, overlapping O~_i += P~_ij V_j below.
+        if (j + 1 < cb.end)
+            load_tile_async<B_c, D, NTHREADS>(sK, k + (col0 + B_c) * k_stride_s, k_stride_s,
+                                              seqlen_k - col0 - B_c, chunks, tid);
+        cp_async_commit();
+
+        // O~_i += P~_ij V_j. The S accumulators of n8 tiles 2kk and 2kk+1 are exactly the A
+        // fragment of a 16x16 tile of P~, so P~ goes from registers straight into the mma.
+        // B = V_j rows read with ldmatrix .trans.
+#pragma unroll
+        for (int kk = 0; kk < Tile::KS_PV; ++kk) {
+            unsigned p[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                p[mt][0] = T::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                p[mt][1] = T::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                p[mt][2] = T::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                p[mt][3] = T::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int nd2 = 0; nd2 < NT_O / 2; ++nd2) {
+                unsigned bv[4];  // B fragments of d tiles 2*nd2 and 2*nd2+1
+                ldmatrix_x4_trans(bv, readV.at(kk * 16, nd2 * 2));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    T::mma(o[mt][2 * nd2], p[mt], bv[0], bv[1]);
+                    T::mma(o[mt][2 * nd2 + 1], p[mt], bv[2], bv[3]);
+                }
+            }
+        }
+    };
+    int j = cb.begin;
+    for (; j < cb.masked_begin; ++j) step(j, Bool<false>{});  // blocks every row sees whole
+    for (; j < cb.end; ++j) step(j, Bool<true>{});            // diagonal / ragged-end blocks
+
+    // ---- epilogue: O_i = diag(l_i)^-1 O~_i, L_i = m_i + log(l_i) ---------------------------
+    cp_async_wait<0>();  // (nothing is in flight unless no block was visited; then Q_i is)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+            const float l_row = quad_sum(l[mt][e2]);
+            const float inv_l = l_row > 0.f ? 1.f / l_row : 0.f;  // fully masked row: O = 0
+#pragma unroll
+            for (int nt = 0; nt < NT_O; ++nt) {
+                o[mt][nt][e2 * 2] *= inv_l;
+                o[mt][nt][e2 * 2 + 1] *= inv_l;
+            }
+            const int row = row0 + warp * RPW + mt * 16 + lane / 4 + e2 * 8;
+            if (lane % 4 == 0 && row < seqlen_q)
+                L[((long long)batch * nheads + head) * seqlen_q + row] =
+                    l_row > 0.f ? m[mt][e2] * softmax_scale + logf(l_row) : CUFLASH_NEG_INF;
+        }
+
+    // Stage O_i through this warp's own rows of the Q_i tile (no other warp reads them), then
+    // write 16-byte vectors, coalesced along each row.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+            const int r = warp * RPW + mt * 16 + lane / 4 + e2 * 8;
+#pragma unroll
+            for (int nt = 0; nt < NT_O; ++nt) {
+                const unsigned packed = T::pack(o[mt][nt][e2 * 2], o[mt][nt][e2 * 2 + 1]);
+                *reinterpret_cast<unsigned*>(sQ + tile_offset<D>(r, nt) + (lane % 4) * 2) = packed;
+            }
+        }
+    __syncwarp();
+    elem_t* out = O + batch * o_stride_b + head * o_stride_h;
+    constexpr int NC = D / 8;
+#pragma unroll
+    for (int i = lane; i < RPW * NC; i += 32) {
+        const int r = warp * RPW + i / NC, c = i % NC;
+        if (row0 + r < seqlen_q && c < chunks)
+            *reinterpret_cast<Chunk16*>(out + (row0 + r) * o_stride_s + c * 8) =
+                *reinterpret_cast<const Chunk16*>(sQ + tile_offset<D>(r, c));
+    }
+}
+
+}  // namespace cuflash
