@@ -1,0 +1,117 @@
+"""CPU: the NumPy reference. The naive attention is checked against a direct per-row
+definition; the tiled FA2 simulation (the kernel's exact loop) against the naive one."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from cuflash import reference as ref
+
+
+def _rand(rng, *shape):
+    return rng.standard_normal(shape)
+
+
+def _row_by_row(q, k, v, causal, scale):
+    """Softmax attention written out one query row at a time, from the definition."""
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    out = np.zeros((b, sq, h, d))
+    lse = np.full((b, h, sq), -np.inf)
+    for bi, hi, i in itertools.product(range(b), range(h), range(sq)):
+        kv = hi // (h // hk)
+        keys = [j for j in range(sk) if not causal or j <= i + sk - sq]
+        if not keys:
+            continue
+        s = np.array([scale * q[bi, i, hi] @ k[bi, j, kv] for j in keys])
+        w = np.exp(s - s.max())
+        out[bi, i, hi] = (w / w.sum()) @ v[bi, keys, kv]
+        lse[bi, hi, i] = s.max() + math.log(w.sum())
+    return out, lse
+
+
+def _assert_same(O1, L1, O2, L2, tol):
+    assert np.isfinite(O1).all() and np.isfinite(O2).all()
+    np.testing.assert_allclose(O1, O2, rtol=0, atol=tol)
+    assert (np.isneginf(L1) == np.isneginf(L2)).all()
+    finite = np.isfinite(L1)
+    np.testing.assert_allclose(L1[finite], L2[finite], rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk,h,hk", [(5, 5, 2, 2), (7, 3, 4, 2), (3, 9, 3, 1), (1, 1, 1, 1)])
+def test_naive_matches_definition(sq, sk, h, hk, causal):
+    rng = np.random.default_rng(sq * 100 + sk)
+    q, k, v = _rand(rng, 2, sq, h, 8), _rand(rng, 2, sk, hk, 8), _rand(rng, 2, sk, hk, 8)
+    O, L = ref.attention_naive(q, k, v, causal, softmax_scale=0.7)
+    O2, L2 = _row_by_row(q, k, v, causal, 0.7)
+    _assert_same(O, L, O2, L2, 1e-12)
+
+
+CASES = [
+    # (batch, seqlen_q, seqlen_k, heads, heads_k, d, B_r, B_c)
+    (2, 17, 33, 4, 2, 16, 8, 16),
+    (1, 33, 17, 3, 1, 8, 16, 8),     # seqlen_q > seqlen_k: causal rows with no key
+    (2, 5, 5, 2, 2, 8, 4, 4),
+    (1, 1, 1, 1, 1, 8, 64, 64),
+    (1, 3, 203, 1, 1, 24, 16, 16),
+    (1, 113, 113, 2, 2, 16, 32, 16),
+    (1, 203, 1025, 1, 1, 8, 64, 128),
+    (1, 1023, 1023, 1, 1, 8, 128, 64),
+    (2, 70, 70, 2, 1, 24, 16, 32),
+    (1, 64, 64, 1, 1, 8, 16, 16),    # multiples of the tiles
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}_q{}_k{}_h{}_hk{}_d{}_Br{}_Bc{}".format(*c))
+def test_fa2_tiled_equals_naive(case, causal):
+    b, sq, sk, h, hk, d, B_r, B_c = case
+    rng = np.random.default_rng(sum(case))
+    q, k, v = _rand(rng, b, sq, h, d), _rand(rng, b, sk, hk, d), _rand(rng, b, sk, hk, d)
+    O, L = ref.attention_naive(q, k, v, causal)
+    O2, L2 = ref.attention_fa2_tiled(q, k, v, causal, B_r=B_r, B_c=B_c)
+    _assert_same(O, L, O2, L2, 1e-12)
+
+
+def test_fully_masked_rows_are_zero_with_lse_minus_inf():
+    rng = np.random.default_rng(1)
+    q, k, v = _rand(rng, 1, 10, 1, 8), _rand(rng, 1, 4, 1, 8), _rand(rng, 1, 4, 1, 8)
+    for O, L in (ref.attention_naive(q, k, v, True),
+                 ref.attention_fa2_tiled(q, k, v, True, B_r=4, B_c=2)):
+        # bottom-right alignment: row i sees keys j <= i - 6, so rows 0..5 see nothing
+        assert (O[0, :6] == 0).all() and np.isneginf(L[0, 0, :6]).all()
+        assert np.isfinite(L[0, 0, 6:]).all() and (np.abs(O[0, 6:]) > 0).any()
+
+
+def test_empty_keys():
+    q = np.ones((1, 3, 1, 8))
+    k = v = np.zeros((1, 0, 1, 8))
+    O, L = ref.attention_naive(q, k, v)
+    assert (O == 0).all() and np.isneginf(L).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_column_blocks_match_mask(causal):
+    """Exhaustively: skipped blocks have no visible key, unmasked blocks are fully visible,
+    and the visited range is tight (first and last visited blocks hold a visible key or a
+    needed mask)."""
+    for B_r, B_c in [(16, 16), (16, 32), (64, 16), (128, 64)]:
+        for sq, sk in itertools.product([1, 3, 17, 64, 65, 130], [1, 5, 16, 64, 100, 129]):
+            visible = ref.causal_mask(sq, sk, causal)
+            for i in range(-(-sq // B_r)):
+                cb = ref.column_blocks(i, B_r, B_c, sq, sk, causal)
+                rows = slice(i * B_r, min((i + 1) * B_r, sq))
+                for j in range(-(-sk // B_c)):
+                    blk = visible[rows, j * B_c:(j + 1) * B_c]
+                    full = blk.shape[1] == B_c and blk.all()
+                    if j < cb.begin or j >= cb.end:
+                        assert not blk.any()
+                    elif j < cb.masked_begin:
+                        assert full
+                    else:
+                        assert not full  # a block that needs no mask is never masked
+                if cb.end > cb.begin:
+                    assert visible[rows, (cb.end - 1) * B_c:cb.end * B_c].any()
