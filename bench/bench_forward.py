@@ -1,0 +1,164 @@
+"""Forward-pass speed, side by side in one run on one GPU.
+
+    python bench/bench_forward.py                        # the issue's point: bf16, d 128,
+                                                         # batch 4, 16 heads, seqlen 4096
+    python bench/bench_forward.py --causal --dtype fp16 --json bench/results/x.json
+    python bench/bench_forward.py --configs 128x32x4,64x64x4   # cuflash tile shapes to try
+
+Providers: cuflash (FA2 kernel), naive CuPy in the same dtype (S and P materialised), and,
+when torch is importable, torch SDPA with the FLASH_ATTENTION (FlashAttention-2's kernels) and
+CUDNN_ATTENTION backends. FLOPs: 4 * b * h * n^2 * d, halved when causal. Times: CUDA events,
+median of --reps runs after warm-up (compilation excluded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def median_ms(cp, fn, warmup, reps):
+    for _ in range(warmup):
+        fn()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def naive_cupy(cp, q, k, v, causal, scale):
+    """Standard attention with CuPy ops in the inputs' dtype; q, k, v are (b, h, n, d)."""
+    S = cp.matmul(q, k.transpose(0, 1, 3, 2)).astype(cp.float32) * scale
+    if causal:
+        n_q, n_k = S.shape[-2:]
+        S = cp.where(cp.tri(n_q, n_k, n_k - n_q, dtype=bool), S, -cp.inf)
+    S -= S.max(axis=-1, keepdims=True)
+    P = cp.exp(S, out=S)
+    P /= P.sum(axis=-1, keepdims=True)
+    return cp.matmul(P.astype(q.dtype), v)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--seqlen", type=int, default=4096)
+    ap.add_argument("--headdim", type=int, default=128)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--providers", default="cuflash,naive,torch-flash,torch-cudnn")
+    ap.add_argument("--configs", default="", help="cuflash tile shapes BrxBcxWarps, comma-sep")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+
+    import cupy as cp
+    import ml_dtypes
+
+    import cuflash
+    from cuflash import _plan
+
+    dtype = ml_dtypes.bfloat16 if args.dtype == "bf16" else np.float16
+    b, h, n, d, causal = args.batch, args.heads, args.seqlen, args.headdim, args.causal
+    scale = 1.0 / math.sqrt(d)
+    flops = 4 * b * h * n * n * d / (2 if causal else 1)
+    providers = args.providers.split(",")
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    meta = {
+        "device": props["name"].decode(), "date": datetime.datetime.now().isoformat(" ", "seconds"),
+        "command": " ".join(["python"] + sys.argv), "cupy": cp.__version__,
+        "python": platform.python_version(),
+        "problem": dict(dtype=args.dtype, batch=b, heads=h, seqlen=n, headdim=d, causal=causal),
+    }
+    rows = []
+
+    def record(provider, ms, note=""):
+        tf = flops / ms / 1e9 if ms else None
+        rows.append(dict(provider=provider, ms=ms, tflops=tf, note=note))
+        shown = f"{ms:9.3f} ms {tf:8.1f} TFLOP/s" if ms else f"{'-':>30}"
+        print(f"  {provider:<28}{shown}  {note}", flush=True)
+
+    print(f"{meta['device']}: {args.dtype} b={b} h={h} n={n} d={d} causal={causal}")
+    q, k, v = (cp.random.standard_normal((b, n, h, d), dtype=cp.float32).astype(dtype)
+               for _ in range(3))
+    if "cuflash" in providers:
+        configs = [None]
+        if args.configs:
+            D = _plan.head_dim_bucket(d)
+            configs = [_plan.ForwardConfig(D, *map(int, c.split("x")))
+                       for c in args.configs.split(",")]
+        for cfg in configs:
+            label = "cuflash" if cfg is None else f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w"
+            try:
+                fn = lambda: cuflash.forward(q, k, v, causal=causal, _config=cfg)  # noqa: E731
+                fn()  # compile outside the timing
+                record(label, median_ms(cp, fn, args.warmup, args.reps))
+            except Exception as exc:  # a config that does not fit: report, go on
+                record(label, None, f"failed: {type(exc).__name__}: {str(exc)[:120]}")
+    if "naive" in providers:
+        qh, kh, vh = (x.transpose(0, 2, 1, 3).copy() for x in (q, k, v))
+        try:
+            fn = lambda: naive_cupy(cp, qh, kh, vh, causal, scale)  # noqa: E731
+            fn()
+            record(f"naive cupy ({args.dtype})", median_ms(cp, fn, 2, max(3, args.reps // 5)))
+        except Exception as exc:
+            record(f"naive cupy ({args.dtype})", None, f"failed: {type(exc).__name__}: {exc}")
+        del qh, kh, vh
+        cp.get_default_memory_pool().free_all_blocks()
+    torch_wanted = [p for p in providers if p.startswith("torch-")]
+    if torch_wanted:
+        try:
+            import torch
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+        except ImportError:
+            print("  (torch not importable: torch providers skipped)")
+            torch_wanted = []
+        else:
+            meta["torch"] = torch.__version__
+            tdt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+            tq, tk, tv = (torch.randn(b, h, n, d, device="cuda", dtype=tdt) for _ in range(3))
+            backends = {"torch-flash": SDPBackend.FLASH_ATTENTION,
+                        "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
+            for name in torch_wanted:
+                def fn(be=backends[name]):
+                    with sdpa_kernel(be):
+                        torch.nn.functional.scaled_dot_product_attention(
+                            tq, tk, tv, is_causal=causal)
+                try:
+                    fn()
+                    torch.cuda.synchronize()
+                    record(name, median_ms(cp, fn, args.warmup, args.reps))
+                except Exception as exc:
+                    record(name, None, f"failed: {type(exc).__name__}: {str(exc)[:120]}")
+
+    ours = next((r for r in rows if r["provider"].startswith("cuflash") and r["ms"]), None)
+    if ours:
+        print("ratios (cuflash TFLOP/s / provider TFLOP/s):")
+        for r in rows:
+            if r["ms"] and not r["provider"].startswith("cuflash"):
+                r["cuflash_ratio"] = ours["tflops"] / r["tflops"]
+                print(f"  vs {r['provider']:<25} {r['cuflash_ratio']:6.2f}x")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU check that CI (no GPU) cannot run, in one call on a GPU machine:
+#   bash bench/gpu_check.sh [tests] [bench] [sweep] [demo]     (default: all four)
+# Logs and JSON go to $OUT (default ./gpu-logs). Runs from the working tree (PYTHONPATH=.),
+# as on the H200 test machine, where nothing can be pip-installed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-logs}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+steps=${*:-tests bench sweep demo}
+status=0
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+
+for step in $steps; do
+  case $step in
+    tests)  # the full suite, CPU and GPU tests
+      python3 -m pytest -rs -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -30
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    bench)  # the issue's speed points, side by side with the peers
+      for c in "" "--causal"; do
+        python3 bench/bench_forward.py --dtype bf16 --headdim 128 --batch 4 --heads 16 \
+          --seqlen 4096 $c --json "$OUT/fwd_bf16_d128_n4096${c:+_causal}.json" || status=1
+      done ;;
+    sweep)  # tile shapes per head dim (tuning; see PERFORMANCE.md)
+      python3 bench/bench_forward.py --headdim 64 --heads 32 --providers cuflash,torch-flash \
+        --configs 128x64x8,128x128x8,64x64x4,128x32x4,128x64x4 || status=1
+      python3 bench/bench_forward.py --headdim 128 --providers cuflash,torch-flash \
+        --configs 128x32x4,128x64x8,64x64x4,128x128x8,64x128x4 || status=1
+      python3 bench/bench_forward.py --headdim 128 --causal --providers cuflash,torch-flash \
+        --configs 128x32x4,128x64x8,64x64x4,128x128x8 || status=1
+      python3 bench/bench_forward.py --headdim 256 --heads 8 --providers cuflash,torch-flash \
+        --configs 128x32x8,64x32x4,128x64x8,64x64x4 || status=1 ;;
+    demo)
+      python3 -m cuflash.demo 2>&1 | tee "$OUT/demo.log"
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+  esac
+done
+exit $status

@@ -1,0 +1,202 @@
+"""GPU: the FA2 forward kernel against float64 attention, by the accuracy rule
+(max error <= 2x a same-dtype naive attention's), over every head dim, both dtypes, causal
+on and off, odd sequence lengths both ways, MHA/GQA/MQA, strided inputs and batch > 1.
+Every output buffer is poisoned with NaN before the launch."""
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cuflash import _loader, _plan, reference
+
+from gpu_helpers import assert_accurate, assert_lse, naive_same_dtype, poisoned, rand
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy", reason="CuPy not installed")
+
+import cuflash  # noqa: E402
+
+DTYPES = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}
+HEAD_DIMS = list(range(8, 257, 8))
+SEQLENS = [(113, 113), (1, 1), (17, 203), (203, 17), (1023, 1025), (1025, 1023), (3, 1023),
+           (256, 256), (1, 113)]
+HEADS = [(4, 4), (4, 2), (6, 1), (2, 2)]  # (nheads, nheads_k): MHA, GQA, MQA
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_kernels():
+    """Compile every specialisation once, in parallel (NVRTC), before the timed tests."""
+    cuflash.precompile()
+
+
+def make_qkv(shape_q, shape_k, dtype, strided, scale_q=1.0, scale_kv=1.0):
+    """q, k, v as the API wants them; strided=True gives (b, h, s, d) buffers seen through
+    .transpose(0, 2, 1, 3), i.e. non-contiguous head and sequence strides."""
+    def one(shape, scale):
+        if strided:
+            b, s, h, d = shape
+            return rand(cp, (b, h, s, d), dtype, scale).transpose(0, 2, 1, 3)
+        return rand(cp, shape, dtype, scale)
+    return one(shape_q, scale_q), one(shape_k, scale_kv), one(shape_k, scale_kv)
+
+
+def run_and_check(q, k, v, causal, softmax_scale=None, factor=2.0):
+    b, sq, h, d = q.shape
+    out = poisoned(cp, q.shape, q.dtype)
+    lse = poisoned(cp, (b, h, sq), cp.float32)
+    out2, lse2 = cuflash.forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                 out=out, lse=lse)
+    assert out2 is out and lse2 is lse
+    O_ref, L_ref = reference.attention_naive(q, k, v, causal, softmax_scale)
+    naive = naive_same_dtype(cp, q, k, v, causal, softmax_scale)
+    errs = assert_accurate(cp, out, naive, O_ref, factor, "out")
+    assert_lse(cp, lse, L_ref)
+    return out, lse, errs
+
+
+def _cases():
+    """Every head dim x dtype x causal, the other parameters cycling through their lists so
+    that each value of each appears many times."""
+    cases = []
+    for i, (d, dt, causal) in enumerate(itertools.product(HEAD_DIMS, DTYPES, (False, True))):
+        sq, sk = SEQLENS[i % len(SEQLENS)]
+        h, hk = HEADS[i % len(HEADS)]
+        batch = 1 + i % 2
+        strided = i % 3 == 0
+        cases.append((d, dt, causal, batch, sq, sk, h, hk, strided))
+    return cases
+
+
+@pytest.mark.parametrize(
+    "d,dt,causal,batch,sq,sk,h,hk,strided", _cases(),
+    ids=lambda x: str(x))
+def test_forward_accuracy_grid(d, dt, causal, batch, sq, sk, h, hk, strided):
+    q, k, v = make_qkv((batch, sq, h, d), (batch, sk, hk, d), DTYPES[dt], strided)
+    run_and_check(q, k, v, causal)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_issue_example_size(dt, causal):
+    q, k, v = make_qkv((2, 2048, 16, 128), (2, 2048, 16, 128), DTYPES[dt], False)
+    run_and_check(q, k, v, causal)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_custom_softmax_scale(dt):
+    q, k, v = make_qkv((2, 300, 4, 64), (2, 257, 2, 64), DTYPES[dt], True)
+    run_and_check(q, k, v, True, softmax_scale=0.3)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_large_magnitude_inputs_stay_finite(dt, d):
+    q, k, v = make_qkv((2, 517, 4, d), (2, 517, 4, d), DTYPES[dt], False, 5.0, 3.0)
+    for causal in (False, True):
+        out, lse, _ = run_and_check(q, k, v, causal)
+        assert bool(cp.isfinite(lse).all())
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_fully_masked_rows(dt):
+    """seqlen_q > seqlen_k with a bottom-right causal mask: the first rows see no key."""
+    q, k, v = make_qkv((2, 300, 4, 64), (2, 100, 4, 64), DTYPES[dt], False)
+    out, lse, _ = run_and_check(q, k, v, True)
+    assert bool((out[:, :200] == 0).all())
+    assert bool(cp.isneginf(lse[:, :, :200]).all()) and bool(cp.isfinite(lse[:, :, 200:]).all())
+
+
+def test_empty_inputs():
+    q, k, v = make_qkv((0, 16, 2, 64), (0, 16, 2, 64), np.float16, False)
+    out, lse = cuflash.forward(q, k, v)
+    assert out.shape == (0, 16, 2, 64) and lse.shape == (0, 2, 16)
+    q, k, v = make_qkv((2, 0, 2, 64), (2, 16, 2, 64), np.float16, False)
+    out, lse = cuflash.forward(q, k, v)
+    assert out.shape == (2, 0, 2, 64) and lse.shape == (2, 2, 0)
+
+
+def test_no_keys_gives_zero_output():
+    q, k, v = make_qkv((1, 5, 2, 64), (1, 0, 2, 64), np.float16, False)
+    out, lse, _ = run_and_check(q, k, v, False)
+    assert bool((out == 0).all()) and bool(cp.isneginf(lse).all())
+
+
+def test_strided_output_buffer():
+    q, k, v = make_qkv((2, 129, 4, 96), (2, 129, 4, 96), np.float16, False)
+    out = cp.full((2, 4, 129, 96), np.nan, np.float16).transpose(0, 2, 1, 3)
+    cuflash.forward(q, k, v, out=out)
+    O_ref, _ = reference.attention_naive(q, k, v)
+    assert_accurate(cp, out, naive_same_dtype(cp, q, k, v, False), O_ref, 2.0, "out")
+
+
+def test_packed_qkv_and_misaligned_views():
+    """Views into a packed (b, s, 3, h, d) buffer, and a view at an odd element offset
+    (not 16-byte aligned: cuflash copies it, the answer is still right)."""
+    qkv = rand(cp, (2, 200, 3, 4, 64), np.float16)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    run_and_check(q, k, v, True)
+    flat = rand(cp, (2 * 200 * 4 * 64 + 1,), np.float16)
+    q_odd = flat[1:].reshape(2, 200, 4, 64)
+    assert q_odd.data.ptr % 16 != 0
+    run_and_check(q_odd, k, v, False)
+
+
+def test_repeatable_bitwise():
+    """Same inputs, same bits: a changing answer would be a race."""
+    q, k, v = make_qkv((2, 1000, 8, 128), (2, 1000, 4, 128), np.float16, False)
+    for causal in (False, True):
+        a, la = cuflash.forward(q, k, v, causal=causal)
+        for _ in range(3):
+            b, lb = cuflash.forward(q, k, v, causal=causal)
+            assert bool((a == b).all()) and bool((la == lb).all())
+
+
+def test_runs_on_current_stream():
+    q, k, v = make_qkv((2, 333, 4, 64), (2, 333, 4, 64), ml_dtypes.bfloat16, False)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        out, lse = cuflash.forward(q, k, v, causal=True)
+    stream.synchronize()
+    O_ref, _ = reference.attention_naive(q, k, v, True)
+    assert_accurate(cp, out, naive_same_dtype(cp, q, k, v, True), O_ref, 2.0, "out")
+
+
+def test_bad_output_buffers_rejected():
+    q, k, v = make_qkv((1, 16, 2, 64), (1, 16, 2, 64), np.float16, False)
+    with pytest.raises(ValueError, match="out must have shape"):
+        cuflash.forward(q, k, v, out=cp.empty((1, 16, 2, 32), np.float16))
+    with pytest.raises(ValueError, match="lse must have shape"):
+        cuflash.forward(q, k, v, lse=cp.empty((1, 2, 16), cp.float64))
+
+
+def test_gpu_input_validation():
+    q, k, v = make_qkv((1, 16, 2, 64), (1, 16, 2, 64), np.float16, False)
+    with pytest.raises(TypeError, match="same dtype"):
+        cuflash.forward(q, k.astype(ml_dtypes.bfloat16), v)
+    with pytest.raises(TypeError, match="float16 and bfloat16"):
+        cuflash.forward(q.astype(cp.float32), k, v)
+    with pytest.raises(ValueError, match="head dim 12"):
+        cuflash.forward(q[..., :12], k[..., :12], v[..., :12])
+    with pytest.raises(ValueError, match="contiguous in its last"):
+        big = rand(cp, (1, 16, 2, 128), np.float16)
+        cuflash.forward(big[..., ::2], k, v)
+
+
+def test_compile_error_names_file_and_line(tmp_path, monkeypatch):
+    (tmp_path / "common.cuh").write_text("#pragma once\n__device__ float helper() {\n"
+                                         "  return undefined_name;\n}\n")
+    (tmp_path / "broken.cu").write_text('#include "common.cuh"\n'
+                                        'extern "C" __global__ void k(float* x) '
+                                        '{ x[0] = helper(); }\n')
+    monkeypatch.setattr(_loader, "KERNEL_DIR", tmp_path)
+    with pytest.raises(cuflash.KernelCompileError, match=r"common.cuh:3: .*undefined_name"):
+        _loader.get_kernel("broken.cu", "k")
+
+
+def test_every_shipped_config_is_used_on_this_device():
+    """The planner picks a tile for every bucket that fits this device's shared memory."""
+    limit = cp.cuda.runtime.getDeviceProperties(0)["sharedMemPerBlockOptin"]
+    for D in _plan.HEAD_DIM_BUCKETS:
+        assert _plan.forward_config(D, limit).smem_bytes <= limit

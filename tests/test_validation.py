@@ -1,0 +1,89 @@
+"""CPU: bad input gets a clear error. Shape/dtype/stride rules are checked on NumPy arrays
+(the checks read metadata only); the public entry point's type check needs CuPy importable
+but no GPU."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cuflash import _api, _plan
+
+BF16 = ml_dtypes.bfloat16
+
+
+def qkv(b=2, sq=16, sk=16, h=4, hk=4, d=64, dtype=np.float16):
+    return (np.zeros((b, sq, h, d), dtype), np.zeros((b, sk, hk, d), dtype),
+            np.zeros((b, sk, hk, d), dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+def test_valid_shapes_pass(dtype):
+    _api._check_shapes(*qkv(dtype=dtype))
+    _api._check_shapes(*qkv(h=8, hk=2, sq=3, sk=1025, d=8, dtype=dtype))       # GQA
+    _api._check_shapes(*qkv(h=8, hk=1, d=256, dtype=dtype))                    # MQA, d=256
+    q = np.zeros((2, 4, 16, 64), np.float16).transpose(0, 2, 1, 3)            # strided
+    _api._check_shapes(q, q, q)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8])
+def test_unsupported_dtype(dtype):
+    with pytest.raises(TypeError, match="float16 and bfloat16"):
+        _api._check_shapes(*qkv(dtype=dtype))
+
+
+def test_dtype_mismatch():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="same dtype"):
+        _api._check_shapes(q, k.astype(BF16), v)
+
+
+@pytest.mark.parametrize("d", [4, 12, 100, 264, 512])
+def test_unsupported_head_dim(d):
+    with pytest.raises(ValueError, match=f"head dim {d} is not supported"):
+        _api._check_shapes(*qkv(d=d))
+
+
+def test_shape_mismatches():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="4-D"):
+        _api._check_shapes(q[0], k, v)
+    with pytest.raises(ValueError, match="same shape"):
+        _api._check_shapes(q, k, v[:, :8])
+    with pytest.raises(ValueError, match="batch and headdim"):
+        _api._check_shapes(q, k[:1], v[:1])
+    with pytest.raises(ValueError, match="multiple of k/v heads"):
+        _api._check_shapes(*qkv(h=4, hk=3))
+
+
+def test_last_dim_must_be_contiguous():
+    q, k, v = qkv()
+    q2 = np.zeros((2, 16, 4, 128), np.float16)[..., ::2]
+    with pytest.raises(ValueError, match="contiguous in its last"):
+        _api._check_shapes(q2, k, v)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
+def test_bad_softmax_scale(scale):
+    with pytest.raises(ValueError, match="softmax_scale"):
+        _api._softmax_scale(scale, 64)
+
+
+def test_default_softmax_scale():
+    assert _api._softmax_scale(None, 64) == 0.125
+
+
+def test_head_dim_buckets():
+    assert [_plan.head_dim_bucket(d) for d in (8, 32, 40, 128, 136, 256)] == \
+        [32, 32, 64, 128, 160, 256]
+    with pytest.raises(ValueError):
+        _plan.head_dim_bucket(264)
+
+
+def test_numpy_arrays_get_a_hint():
+    pytest.importorskip("cupy", reason="CuPy not installed: the public API cannot be called")
+    import cuflash
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"numpy.ndarray.*cupy.asarray"):
+        cuflash.forward(q, k, v)
+    with pytest.raises(TypeError, match="must be a cupy.ndarray"):
+        cuflash.forward([1, 2], k, v)
