@@ -42,7 +42,7 @@ def _check_layout(name: str, x) -> None:
     if _dtype_name(x.dtype) not in _plan.ELEMENT_TAGS:
         raise TypeError(f"{name} has dtype {x.dtype}; cuflash supports float16 and bfloat16 "
                         "(ml_dtypes.bfloat16)")
-    if x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
+    if x.size and x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
         raise ValueError(f"{name} must be contiguous in its last (headdim) dimension, got "
                          f"strides {x.strides}; use cupy.ascontiguousarray({name})")
 
@@ -63,9 +63,9 @@ def _check_device(cupy, arrays: dict) -> int:
 def _aligned(cupy, x):
     """x itself when every row starts on a 16-byte boundary (cp.async needs it), else an
     aligned contiguous copy (possible only for views at odd offsets; correct, just slower)."""
-    ok = x.data.ptr % 16 == 0 and all(
+    ok = x.size == 0 or x.data.ptr % 16 == 0 and all(
         (s // x.itemsize) % 8 == 0 for s, n in zip(x.strides[:-1], x.shape[:-1]) if n > 1)
-    return x if ok else cupy.ascontiguousarray(x)
+    return x if ok else x.copy()  # a fresh allocation is 256-byte aligned and contiguous
 
 
 def _check_shapes(q, k, v) -> None:
