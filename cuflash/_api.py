@@ -175,7 +175,7 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
             return out, lse
         q, k, v = (_aligned(cupy, x) for x in (q, k, v))
         D = _plan.head_dim_bucket(d)
-        cfg = _config or _plan.forward_config(D, _max_smem(cupy, device_id))
+        cfg = _config or _plan.forward_config(D, causal, _max_smem(cupy, device_id))
         kernel = _loader.get_kernel(
             _plan.FORWARD_FILE, _plan.forward_kernel_name(_dtype_name(q.dtype), cfg, causal))
         _set_smem(kernel, cfg.smem_bytes)
@@ -201,7 +201,7 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
     buckets = sorted({_plan.head_dim_bucket(d) for d in (head_dims or _plan.HEAD_DIM_BUCKETS)})
     max_smem = _max_smem(cupy, device_id)
     names = [_plan.forward_kernel_name(dt if isinstance(dt, str) else _dtype_name(dt),
-                                       _plan.forward_config(D, max_smem), c)
+                                       _plan.forward_config(D, c, max_smem), c)
              for dt in dtypes for D in buckets for c in causal]
 
     def build(name):

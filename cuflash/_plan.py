@@ -40,29 +40,32 @@ class ForwardConfig:
         return 2 * (self.B_r + 2 * self.B_c) * self.D
 
 
-# Tile shapes per head-dim bucket, in order of preference; the first whose shared memory fits
-# the device is used (sm_86/89/120 allow 99 KB per block, sm_80 163 KB, sm_90 227 KB).
-# Each is spill-free (the CPU compile check enforces it); PERFORMANCE.md says why each won.
+# Tile shapes (B_r, B_c, warps) per head-dim bucket and mask, in order of preference; the
+# first whose shared memory fits the device is used (sm_86/89/120 allow 99 KB per block,
+# sm_80 163 KB, sm_90 227 KB). Each is spill-free on sm_80 and sm_90 (the CPU compile check
+# enforces it) and was the fastest spill-free shape measured on the H200 (PERFORMANCE.md).
 _FORWARD_CONFIGS = {
-    32: [(128, 64, 4)],
-    64: [(128, 64, 8)],
-    96: [(128, 32, 4)],
-    128: [(128, 32, 4)],
-    160: [(128, 64, 8)],
-    192: [(128, 64, 8)],
-    224: [(128, 32, 8)],
-    256: [(128, 32, 8)],
+    # D: (non-causal shapes, causal shapes)
+    32: ([(64, 64, 4)], [(64, 64, 4)]),
+    64: ([(64, 64, 4)], [(64, 64, 4)]),
+    96: ([(64, 64, 4)], [(64, 64, 4)]),
+    128: ([(64, 128, 4)], [(64, 64, 4)]),
+    160: ([(128, 64, 8)], [(128, 64, 8)]),
+    192: ([(128, 64, 8)], [(128, 64, 8)]),
+    224: ([(128, 32, 8)], [(128, 32, 8)]),
+    256: ([(64, 32, 4)], [(64, 32, 4)]),
 }
 
 
-def forward_configs(D: int) -> list[ForwardConfig]:
-    return [ForwardConfig(D, *shape) for shape in _FORWARD_CONFIGS[D]]
+def forward_configs(D: int, causal: bool) -> list[ForwardConfig]:
+    return [ForwardConfig(D, *shape) for shape in _FORWARD_CONFIGS[D][int(bool(causal))]]
 
 
-def forward_config(D: int, max_smem_bytes: int = 227 * 1024) -> ForwardConfig:
+def forward_config(D: int, causal: bool,
+                   max_smem_bytes: int = 227 * 1024) -> ForwardConfig:
     """The tile shape used for head-dim bucket D on a device allowing `max_smem_bytes` of
     dynamic shared memory per block."""
-    for cfg in forward_configs(D):
+    for cfg in forward_configs(D, causal):
         if cfg.smem_bytes <= max_smem_bytes:
             return cfg
     raise RuntimeError(f"no forward tile for head dim bucket {D} fits in {max_smem_bytes} "
@@ -83,7 +86,7 @@ def all_specialisations() -> list[tuple[str, str]]:
     specs = []
     for dtype_name in ELEMENT_TAGS:
         for D in HEAD_DIM_BUCKETS:
-            for cfg in forward_configs(D):
-                for causal in (False, True):
+            for causal in (False, True):
+                for cfg in forward_configs(D, causal):
                     specs.append((FORWARD_FILE, forward_kernel_name(dtype_name, cfg, causal)))
     return specs

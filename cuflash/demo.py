@@ -53,9 +53,10 @@ def main(argv=None) -> int:
 
     q, k, v = ((cp.random.standard_normal((b, n, h, d), dtype=cp.float32)).astype(dtype)
                for _ in range(3))
-    cfg = _plan.forward_config(_plan.head_dim_bucket(d), _api._max_smem(cp, dev.id))
+    cfg = _plan.forward_config(_plan.head_dim_bucket(d), args.causal,
+                               _api._max_smem(cp, dev.id))
     kname = _plan.forward_kernel_name(np.dtype(dtype).name, cfg, args.causal)
-    print(f"compiling {kname} with NVRTC (first use; cached afterwards) ...", end=" ",
+    print(f"compiling {kname} (NVRTC, or CuPy's disk cache) ...", end=" ",
           flush=True)
     t0 = time.perf_counter()
     out, lse = cuflash.forward(q, k, v, causal=args.causal)

@@ -29,7 +29,7 @@ def test_specialisations_cover_every_bucket_dtype_and_mask(reports):
     for dtype in _plan.ELEMENT_TAGS:
         for D in _plan.HEAD_DIM_BUCKETS:
             for causal in (False, True):
-                name = _plan.forward_kernel_name(dtype, _plan.forward_config(D), causal)
+                name = _plan.forward_kernel_name(dtype, _plan.forward_config(D, causal), causal)
                 assert name in names
 
 

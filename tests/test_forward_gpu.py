@@ -199,4 +199,5 @@ def test_every_shipped_config_is_used_on_this_device():
     """The planner picks a tile for every bucket that fits this device's shared memory."""
     limit = cp.cuda.runtime.getDeviceProperties(0)["sharedMemPerBlockOptin"]
     for D in _plan.HEAD_DIM_BUCKETS:
-        assert _plan.forward_config(D, limit).smem_bytes <= limit
+        for causal in (False, True):
+            assert _plan.forward_config(D, causal, limit).smem_bytes <= limit
