@@ -17,19 +17,21 @@ for step in $steps; do
     tests)  # the full suite, CPU and GPU tests
       python3 -m pytest -rs -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -30
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-    bench)  # the issue's speed points, side by side with the peers
-      for c in "" "--causal"; do
-        python3 bench/bench_forward.py --dtype bf16 --headdim 128 --batch 4 --heads 16 \
-          --seqlen 4096 $c --json "$OUT/fwd_bf16_d128_n4096${c:+_causal}.json" || status=1
+    bench)  # the issues' speed points, side by side with the peers
+      for p in fwd bwd; do
+        for c in "" "--causal"; do
+          python3 bench/bench.py --pass $p --dtype bf16 --headdim 128 --batch 4 --heads 16 \
+            --seqlen 4096 $c --json "$OUT/${p}_bf16_d128_n4096${c:+_causal}.json" || status=1
+        done
       done ;;
     sweep)  # tile shapes per head dim (tuning; see PERFORMANCE.md)
-      python3 bench/bench_forward.py --headdim 64 --heads 32 --providers cuflash,torch-flash \
+      python3 bench/bench.py --headdim 64 --heads 32 --providers cuflash,torch-flash \
         --configs 128x64x8,128x128x8,64x64x4,128x32x4,128x64x4 || status=1
-      python3 bench/bench_forward.py --headdim 128 --providers cuflash,torch-flash \
+      python3 bench/bench.py --headdim 128 --providers cuflash,torch-flash \
         --configs 128x32x4,128x64x8,64x64x4,128x128x8,64x128x4 || status=1
-      python3 bench/bench_forward.py --headdim 128 --causal --providers cuflash,torch-flash \
+      python3 bench/bench.py --headdim 128 --causal --providers cuflash,torch-flash \
         --configs 128x32x4,128x64x8,64x64x4,128x128x8 || status=1
-      python3 bench/bench_forward.py --headdim 256 --heads 8 --providers cuflash,torch-flash \
+      python3 bench/bench.py --headdim 256 --heads 8 --providers cuflash,torch-flash \
         --configs 128x32x8,64x32x4,128x64x8,64x64x4 || status=1 ;;
     demo)
       python3 -m cuflash.demo 2>&1 | tee "$OUT/demo.log"

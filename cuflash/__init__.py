@@ -1,13 +1,14 @@
 """cuflash: FlashAttention for CuPy, with CUDA kernels compiled at run time by NVRTC.
 
     out, lse = cuflash.forward(q, k, v, causal=True)
+    dq, dk, dv = cuflash.backward(dout, q, k, v, out, lse, causal=True)
 
 See README.md for shapes, dtypes and the algorithms; ``cuflash.reference`` holds the NumPy
 (float64) reference implementations the GPU kernels are tested against.
 """
 
-from ._api import forward, precompile
+from ._api import attention_with_vjp, backward, forward, precompile
 from ._loader import KernelCompileError
 
 __version__ = "0.1.0"
-__all__ = ["forward", "precompile", "KernelCompileError", "__version__"]
+__all__ = ["forward", "backward", "attention_with_vjp", "precompile", "KernelCompileError", "__version__"]

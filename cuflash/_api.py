@@ -174,8 +174,8 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
         if out.size == 0:
             return out, lse
         q, k, v = (_aligned(cupy, x) for x in (q, k, v))
-        D = _plan.head_dim_bucket(d)
-        cfg = _config or _plan.forward_config(D, causal, _max_smem(cupy, device_id))
+        HD = _plan.head_dim_bucket(d)
+        cfg = _config or _plan.forward_config(HD, causal, _max_smem(cupy, device_id))
         kernel = _loader.get_kernel(
             _plan.FORWARD_FILE, _plan.forward_kernel_name(_dtype_name(q.dtype), cfg, causal))
         _set_smem(kernel, cfg.smem_bytes)
@@ -191,7 +191,7 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
 
 
 def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, True),
-               max_workers: int = 8) -> int:
+               backward: bool = True, max_workers: int = 8) -> int:
     """Compile (or load from CuPy's cache) the kernels for the current device ahead of time,
     in parallel. Returns how many specialisations were prepared."""
     from concurrent.futures import ThreadPoolExecutor
@@ -200,17 +200,154 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
     device_id = cupy.cuda.Device().id
     buckets = sorted({_plan.head_dim_bucket(d) for d in (head_dims or _plan.HEAD_DIM_BUCKETS)})
     max_smem = _max_smem(cupy, device_id)
-    names = [_plan.forward_kernel_name(dt if isinstance(dt, str) else _dtype_name(dt),
-                                       _plan.forward_config(D, c, max_smem), c)
-             for dt in dtypes for D in buckets for c in causal]
+    dtypes = [dt if isinstance(dt, str) else _dtype_name(dt) for dt in dtypes]
+    names = [(_plan.FORWARD_FILE,
+              _plan.forward_kernel_name(dt, _plan.forward_config(HD, c, max_smem), c))
+             for dt in dtypes for HD in buckets for c in causal]
+    if backward:
+        bwd_buckets = sorted({_plan.backward_head_dim_bucket(d)
+                              for d in (head_dims or _plan.HEAD_DIM_BUCKETS)})
+        for dt in dtypes:
+            names += [(_plan.BACKWARD_FILE, _plan.backward_preprocess_name(dt)),
+                      (_plan.BACKWARD_FILE, _plan.backward_dq_name(dt))]
+            for HD in bwd_buckets:
+                try:
+                    cfg = _plan.backward_config(HD, max_smem)
+                except RuntimeError:  # does not fit this GPU: backward() will say so
+                    continue
+                names += [(_plan.BACKWARD_FILE, _plan.backward_kernel_name(dt, cfg, c))
+                          for c in causal]
 
-    def build(name):
+    def build(item):
         with cupy.cuda.Device(device_id):
-            _loader.get_kernel(_plan.FORWARD_FILE, name)
+            _loader.get_kernel(*item)
 
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
         list(pool.map(build, names))
     return len(names)
+
+
+def backward(dout, q, k, v, out, lse, causal: bool = False,
+             softmax_scale: float | None = None, *, deterministic: bool = False,
+             dq=None, dk=None, dv=None):
+    """FlashAttention-2 backward: gradients of ``out = forward(q, k, v, ...)`` given ``dout``.
+
+    Recomputes S and P block by block from q, k and the forward's ``lse`` (no N x N matrix is
+    ever stored), with D = rowsum(dout * out).
+
+    Parameters
+    ----------
+    dout : cupy.ndarray, the gradient of ``out``; q's shape and dtype
+    q, k, v : the forward's inputs (same rules as :func:`forward`)
+    out, lse : the forward's outputs
+    causal, softmax_scale : as given to the forward
+    deterministic : bool
+        Bitwise-identical gradients on every run (dQ is summed in a fixed order instead of by
+        racing atomics); somewhat slower, see PERFORMANCE.md.
+    dq, dk, dv : optional preallocated C-contiguous outputs
+
+    Returns
+    -------
+    dq, dk, dv : cupy.ndarrays shaped like q, k, v, in their dtype. With GQA/MQA, dk and dv are
+        summed over the query heads that share each key/value head.
+    """
+    cupy, device_id = _check_qkv(q, k, v)
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    group = nheads // nheads_k
+    for name, x in (("dout", dout), ("out", out)):
+        _check_type(cupy, name, x)
+        _check_out(name, x, q.shape, q.dtype)
+        _check_layout(name, x)
+    _check_type(cupy, "lse", lse)
+    _check_out("lse", lse, (batch, nheads, seqlen_q), np.float32)
+    if not lse.flags.c_contiguous:
+        raise ValueError("lse must be C-contiguous (as returned by cuflash.forward)")
+    _check_device(cupy, {"q": q, "dout": dout, "out": out, "lse": lse})
+    scale = _softmax_scale(softmax_scale, d)
+
+    with cupy.cuda.Device(device_id):
+        grads = []
+        for name, x, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+            if x is None:
+                x = cupy.empty(like.shape, dtype=like.dtype)
+            else:
+                _check_type(cupy, name, x)
+                _check_out(name, x, like.shape, like.dtype)
+                _check_device(cupy, {"q": q, name: x})
+                if not x.flags.c_contiguous:
+                    raise ValueError(f"{name} must be C-contiguous")
+            grads.append(x)
+        dq, dk, dv = grads
+        if batch == 0 or nheads == 0 or seqlen_q == 0 or seqlen_k == 0:
+            for g in grads:  # no query or no key: every gradient is zero
+                g.fill(0)
+            return dq, dk, dv
+        q, k, v, dout, out = (_aligned(cupy, x) for x in (q, k, v, dout, out))
+        dtype_name = _dtype_name(q.dtype)
+        cfg = _plan.backward_config(_plan.backward_head_dim_bucket(d), _max_smem(cupy, device_id))
+
+        # 1. D = rowsum(dO ∘ O), float32 (batch, heads, seqlen_q)
+        Dsum = cupy.empty((batch, nheads, seqlen_q), dtype=cupy.float32)
+        lanes = 1 << max(0, (d // 8 - 1).bit_length())  # lanes per row: pow2 >= d / 8
+        pre = _loader.get_kernel(_plan.BACKWARD_FILE, _plan.backward_preprocess_name(dtype_name))
+        pre(((seqlen_q + 128 // lanes - 1) // (128 // lanes), nheads, batch), (128,),
+            (out, dout, Dsum, np.int32(seqlen_q), np.int32(d), np.int32(lanes),
+             *_strides(out), *_strides(dout)))
+
+        # 2. dK, dV per column block; dQ accumulated in float32 slices
+        T_c = (seqlen_k + cfg.B_c - 1) // cfg.B_c
+        splits = _deterministic_splits(cupy, device_id, T_c, batch * nheads) \
+            if deterministic else 1
+        dq_accum = cupy.zeros((splits, batch, nheads, seqlen_q, d), dtype=cupy.float32)
+        if group > 1:  # one float32 slice per query head, summed over each group below
+            dk_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
+            dv_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
+        else:
+            dk_buf, dv_buf = dk, dv
+        main = _loader.get_kernel(_plan.BACKWARD_FILE,
+                                  _plan.backward_kernel_name(dtype_name, cfg, causal))
+        _set_smem(main, cfg.smem_bytes)
+        main((splits if deterministic else T_c, nheads, batch), (cfg.threads,),
+             (q, k, v, dout, lse, Dsum, dq_accum, dk_buf, dv_buf,
+              np.int32(bool(deterministic)), np.int32(group > 1),
+              np.int32(seqlen_q), np.int32(seqlen_k), np.int32(d), np.int32(group),
+              *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk_buf),
+              np.float32(scale), np.float32(scale * math.log2(math.e))),
+             shared_mem=cfg.smem_bytes)
+
+        # 3. dQ = scale * sum of the slices, in the input dtype
+        fin = _loader.get_kernel(_plan.BACKWARD_FILE, _plan.backward_dq_name(dtype_name))
+        fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), (128,),
+            (dq_accum, dq, np.int32(splits), np.int32(seqlen_q), np.int32(d), *_strides(dq),
+             np.float32(scale)))
+        if group > 1:
+            for buf, g in ((dk_buf, dk), (dv_buf, dv)):
+                g[...] = buf.reshape(batch, seqlen_k, nheads_k, group, d).sum(axis=3)
+    return dq, dk, dv
+
+
+def _deterministic_splits(cupy, device_id: int, T_c: int, bh: int) -> int:
+    """Thread blocks per (batch, head) in deterministic mode: enough to fill the GPU twice,
+    at most one per column block."""
+    sms = cupy.cuda.Device(device_id).attributes["MultiProcessorCount"]
+    return max(1, min(T_c, -(-2 * sms // bh)))
+
+
+def attention_with_vjp(q, k, v, causal: bool = False, softmax_scale: float | None = None,
+                       deterministic: bool = False):
+    """``out, vjp = attention_with_vjp(q, k, v)``; ``dq, dk, dv = vjp(dout)``.
+
+    For custom autodiff code: the closure keeps only q, k, v, out and lse (the float32
+    log-sum-exp, batch x heads x seqlen_q) as residuals; no N x N matrix is ever stored.
+    """
+    out, lse = forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+    def vjp(dout):
+        return backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
+                        deterministic=deterministic)
+
+    return out, vjp
 
 
 _smem_limits: dict = {}

@@ -25,7 +25,7 @@ def head_dim_bucket(d: int) -> int:
 class ForwardConfig:
     """Tile shape of the FA2 forward kernel (kernels/fa2_forward.cu, ForwardTile)."""
 
-    D: int       # head-dim bucket
+    HD: int      # head-dim bucket
     B_r: int     # rows of Q per thread block
     B_c: int     # rows of K/V per column block
     nwarps: int  # warps per thread block; each owns B_r / nwarps rows of Q
@@ -36,8 +36,8 @@ class ForwardConfig:
 
     @property
     def smem_bytes(self) -> int:
-        # Q_i (B_r x D) + K_j (B_c x D) + V_j (B_c x D), 2 bytes per element.
-        return 2 * (self.B_r + 2 * self.B_c) * self.D
+        # Q_i (B_r x HD) + K_j (B_c x HD) + V_j (B_c x HD), 2 bytes per element.
+        return 2 * (self.B_r + 2 * self.B_c) * self.HD
 
 
 # Tile shapes (B_r, B_c, warps) per head-dim bucket and mask, in order of preference; the
@@ -45,7 +45,7 @@ class ForwardConfig:
 # sm_80 163 KB, sm_90 227 KB). Each is spill-free on sm_80 and sm_90 (the CPU compile check
 # enforces it) and was the fastest spill-free shape measured on the H200 (PERFORMANCE.md).
 _FORWARD_CONFIGS = {
-    # D: (non-causal shapes, causal shapes)
+    # HD: (non-causal shapes, causal shapes)
     32: ([(64, 64, 4)], [(64, 64, 4)]),
     64: ([(64, 64, 4)], [(64, 64, 4)]),
     96: ([(64, 64, 4)], [(64, 64, 4)]),
@@ -57,36 +57,116 @@ _FORWARD_CONFIGS = {
 }
 
 
-def forward_configs(D: int, causal: bool) -> list[ForwardConfig]:
-    return [ForwardConfig(D, *shape) for shape in _FORWARD_CONFIGS[D][int(bool(causal))]]
+def forward_configs(HD: int, causal: bool) -> list[ForwardConfig]:
+    return [ForwardConfig(HD, *shape) for shape in _FORWARD_CONFIGS[HD][int(bool(causal))]]
 
 
-def forward_config(D: int, causal: bool,
+def forward_config(HD: int, causal: bool,
                    max_smem_bytes: int = 227 * 1024) -> ForwardConfig:
-    """The tile shape used for head-dim bucket D on a device allowing `max_smem_bytes` of
+    """The tile shape used for head-dim bucket HD on a device allowing `max_smem_bytes` of
     dynamic shared memory per block."""
-    for cfg in forward_configs(D, causal):
+    for cfg in forward_configs(HD, causal):
         if cfg.smem_bytes <= max_smem_bytes:
             return cfg
-    raise RuntimeError(f"no forward tile for head dim bucket {D} fits in {max_smem_bytes} "
+    raise RuntimeError(f"no forward tile for head dim bucket {HD} fits in {max_smem_bytes} "
                        "bytes of shared memory")
 
 
 def forward_kernel_name(dtype_name: str, cfg: ForwardConfig, causal: bool) -> str:
     tag = ELEMENT_TAGS[dtype_name]
-    return (f"cuflash::fa2_forward<{tag}, {cfg.D}, {cfg.B_r}, {cfg.B_c}, {cfg.nwarps}, "
+    return (f"cuflash::fa2_forward<{tag}, {cfg.HD}, {cfg.B_r}, {cfg.B_c}, {cfg.nwarps}, "
             f"{'true' if causal else 'false'}>")
 
 
 FORWARD_FILE = "fa2_forward.cu"
+BACKWARD_FILE = "fa2_backward.cu"
+
+# ---- backward ------------------------------------------------------------------------------
+# B_r = B_c = 64 always (kernels/fa2_backward.cu, BackwardTile). The buckets are coarser than
+# the forward's: 8 warps split the head dim in halves of whole 64-element groups, and the 96
+# and 192 variants spilled registers (PERFORMANCE.md), so d = 96 runs the 128 kernel and
+# 128 < d <= 256 the 256 kernel.
+BACKWARD_HEAD_DIM_BUCKETS = (32, 64, 128, 256)
+
+
+def backward_head_dim_bucket(d: int) -> int:
+    for bucket in BACKWARD_HEAD_DIM_BUCKETS:
+        if d <= bucket:
+            return bucket
+    raise ValueError(f"head dim {d} > {MAX_HEAD_DIM} is not supported")
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    HD: int       # head-dim bucket
+    nwarps: int   # 4, or 8 (head dim split in two halves across warps)
+    qstages: int  # shared-memory buffers for Q_i, dO_i, L_i, D_i (2: the next row block loads
+                  # while this one is computed)
+    B_r = 64
+    B_c = 64
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.nwarps
+
+    @property
+    def smem_bytes(self) -> int:
+        kv = 2 * self.B_c * self.HD * 2                          # K_j, V_j
+        rows = self.qstages * (2 * self.B_r * self.HD * 2        # Q_i, dO_i
+                               + 2 * self.B_r * 4)               # L_i, D_i
+        p = 2 * self.B_r * self.B_c * 2                          # P_ij, dS_ij
+        return kv + rows + p
+
+
+# (nwarps, qstages) in order of preference; the first that fits the device's shared memory.
+_BACKWARD_CONFIGS = {
+    32: [(4, 2)],
+    64: [(8, 2)],
+    128: [(8, 2), (8, 1)],
+    256: [(8, 2), (8, 1)],
+}
+
+
+def backward_configs(HD: int) -> list[BackwardConfig]:
+    return [BackwardConfig(HD, *c) for c in _BACKWARD_CONFIGS[HD]]
+
+
+def backward_config(HD: int, max_smem_bytes: int = 227 * 1024) -> BackwardConfig:
+    for cfg in backward_configs(HD):
+        if cfg.smem_bytes <= max_smem_bytes:
+            return cfg
+    raise RuntimeError(
+        f"the backward pass for head dims in bucket {HD} needs "
+        f"{backward_configs(HD)[-1].smem_bytes // 1024} KB of shared memory per thread block; "
+        f"this GPU allows {max_smem_bytes // 1024} KB (head dims <= 128 fit every sm_80+ GPU)")
+
+
+def backward_kernel_name(dtype_name: str, cfg: BackwardConfig, causal: bool) -> str:
+    tag = ELEMENT_TAGS[dtype_name]
+    return (f"cuflash::fa2_backward<{tag}, {cfg.HD}, {cfg.nwarps}, {cfg.qstages}, "
+            f"{'true' if causal else 'false'}>")
+
+
+def backward_preprocess_name(dtype_name: str) -> str:
+    return f"cuflash::fa2_backward_preprocess<{ELEMENT_TAGS[dtype_name]}>"
+
+
+def backward_dq_name(dtype_name: str) -> str:
+    return f"cuflash::fa2_backward_dq<{ELEMENT_TAGS[dtype_name]}>"
 
 
 def all_specialisations() -> list[tuple[str, str]]:
     """(kernel file, name expression) of every kernel the package may launch."""
     specs = []
     for dtype_name in ELEMENT_TAGS:
-        for D in HEAD_DIM_BUCKETS:
+        for HD in HEAD_DIM_BUCKETS:
             for causal in (False, True):
-                for cfg in forward_configs(D, causal):
+                for cfg in forward_configs(HD, causal):
                     specs.append((FORWARD_FILE, forward_kernel_name(dtype_name, cfg, causal)))
+        for HD in BACKWARD_HEAD_DIM_BUCKETS:
+            for cfg in backward_configs(HD):
+                for causal in (False, True):
+                    specs.append((BACKWARD_FILE, backward_kernel_name(dtype_name, cfg, causal)))
+        specs.append((BACKWARD_FILE, backward_preprocess_name(dtype_name)))
+        specs.append((BACKWARD_FILE, backward_dq_name(dtype_name)))
     return specs

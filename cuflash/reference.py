@@ -4,6 +4,9 @@
   P = softmax(S), O = P V, materialising the N x N matrices. The ground truth.
 * :func:`attention_naive_same_dtype`: the same, written the way a user would in fp16/bf16
   (the yardstick of the accuracy rule: cuflash may err at most 2x as much as this).
+* :func:`attention_backward_naive` (float64), :func:`attention_backward_naive_same_dtype`
+  (the yardstick for gradients) and :func:`attention_backward_fa2_tiled`: the recompute
+  backward of section 2.4.1.2 block by block, as ``kernels/fa2_backward.cu`` runs it.
 * :func:`attention_fa2_tiled`: the FlashAttention-2 forward loop (section 2.4.1.1) exactly as
   ``kernels/fa2_forward.cu`` runs it: row blocks of B_r, column blocks of B_c visited as
   :func:`column_blocks` says, running m and l, unscaled O~, final diag(l)^-1 and
@@ -21,7 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["attention_naive", "attention_naive_same_dtype", "attention_fa2_tiled", "column_blocks", "visible_limit",
+__all__ = ["attention_naive", "attention_naive_same_dtype", "attention_fa2_tiled",
+           "attention_backward_naive", "attention_backward_naive_same_dtype",
+           "attention_backward_fa2_tiled", "row_blocks", "block_needs_mask", "column_blocks", "visible_limit",
            "causal_mask", "ColumnBlocks"]
 
 
@@ -173,3 +178,145 @@ def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
         with np.errstate(divide="ignore"):
             L[:, :, rows] = np.where(l_i > 0, m_i * scale + np.log(l_i), -np.inf)  # L = m + log l
     return O.transpose(0, 2, 1, 3), L
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------------------------
+
+def _group_sum(xp, x, nheads_k):
+    """(b, h, s, d) -> (b, s, h_k, d): sum the query heads that share a key/value head."""
+    b, h, n, d = x.shape
+    return x.reshape(b, nheads_k, h // nheads_k, n, d).sum(axis=2).transpose(0, 2, 1, 3)
+
+
+def _probabilities(xp, Q, K, causal, scale, round_to=None):
+    """P = softmax(scale Q K^T) with the bottom-right causal mask; rows with no key are 0.
+    round_to: a 16-bit dtype in which S and P are rounded (the same-dtype naive version)."""
+    S = Q @ K.transpose(0, 1, 3, 2)
+    if round_to is not None:
+        S = S.astype(round_to).astype(xp.float32)
+    S = S * scale
+    S = xp.where(causal_mask(Q.shape[2], K.shape[2], causal, xp), S, -xp.inf)
+    if K.shape[2]:
+        m = S.max(axis=-1, keepdims=True)
+    else:
+        m = xp.zeros(S.shape[:-1] + (1,), S.dtype)
+    E = xp.exp(S - xp.where(xp.isfinite(m), m, 0))
+    l = E.sum(axis=-1, keepdims=True)
+    P = E / xp.where(l > 0, l, 1)
+    if round_to is not None:
+        P = P.astype(round_to).astype(xp.float32)
+    return P
+
+
+def attention_backward_naive(dout, q, k, v, causal=False, softmax_scale=None):
+    """Gradients of standard attention in float64 (NumPy, or CuPy for CuPy inputs):
+    dV = P^T dO, dP = dO V^T, D = rowsum(dO ∘ O), dS = P ∘ (dP - D), dQ = scale dS K,
+    dK = scale dS^T Q; dK, dV summed over each group of query heads (GQA/MQA)."""
+    xp = _xp(q)
+    nheads, nheads_k, d = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    Q, K, V, dO = (_heads_to_front(x, nheads) for x in (q, k, v, dout))
+    P = _probabilities(xp, Q, K, causal, scale)
+    O = P @ V
+    dV = P.transpose(0, 1, 3, 2) @ dO                              # dV = P^T dO
+    dP = dO @ V.transpose(0, 1, 3, 2)                              # dP = dO V^T
+    D = (dO * O).sum(axis=-1, keepdims=True)                       # D = rowsum(dO ∘ O)
+    dS = P * (dP - D)                                              # dS = P ∘ (dP - D)
+    dQ = scale * (dS @ K)                                          # dQ = scale dS K
+    dK = scale * (dS.transpose(0, 1, 3, 2) @ Q)                    # dK = scale dS^T Q
+    return dQ.transpose(0, 2, 1, 3), _group_sum(xp, dK, nheads_k), _group_sum(xp, dV, nheads_k)
+
+
+def attention_backward_naive_same_dtype(dout, q, k, v, causal=False, softmax_scale=None):
+    """The same gradients computed the way autodiff through a 16-bit naive attention would:
+    16-bit matmul operands with fp32 accumulation, every matmul result rounded to the dtype,
+    softmax and its gradient in fp32. Returns (dq, dk, dv) in the inputs' dtype."""
+    xp = _xp(q)
+    dt = q.dtype
+    nheads, nheads_k, d = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+
+    def heads_first(x):
+        x = x.astype(xp.float32).transpose(0, 2, 1, 3)
+        return xp.repeat(x, nheads // x.shape[1], axis=1) if x.shape[1] != nheads else x
+
+    def rnd(x):
+        return x.astype(dt).astype(xp.float32)
+
+    Q, K, V, dO = (heads_first(x) for x in (q, k, v, dout))
+    P = _probabilities(xp, Q, K, causal, xp.float32(scale), round_to=dt)
+    O = rnd(P @ V)
+    dV = rnd(P.transpose(0, 1, 3, 2) @ dO)
+    dP = rnd(dO @ V.transpose(0, 1, 3, 2))
+    D = (dO * O).sum(axis=-1, keepdims=True)
+    dS = rnd(P * (dP - D))
+    dQ = rnd(xp.float32(scale) * (dS @ K))
+    dK = rnd(xp.float32(scale) * (dS.transpose(0, 1, 3, 2) @ Q))
+    return (dQ.astype(dt).transpose(0, 2, 1, 3), _group_sum(xp, dK, nheads_k).astype(dt),
+            _group_sum(xp, dV, nheads_k).astype(dt))
+
+
+def row_blocks(col_block, B_r, B_c, seqlen_q, seqlen_k, causal):
+    """(begin, end): the row blocks that see column block `col_block`. Mirrors
+    block_range.cuh's row_blocks."""
+    end = -(-seqlen_q // B_r)
+    begin = 0
+    if causal:
+        first_row = max(0, col_block * B_c - (seqlen_k - seqlen_q))
+        begin = min(end, first_row // B_r)
+    return begin, end
+
+
+def block_needs_mask(row_block, col_block, B_r, B_c, seqlen_q, seqlen_k, causal):
+    """Mirrors block_range.cuh's block_needs_mask."""
+    last_col = (col_block + 1) * B_c - 1
+    return last_col > int(visible_limit(row_block * B_r, seqlen_q, seqlen_k, causal))
+
+
+def attention_backward_fa2_tiled(dout, q, k, v, out, lse, causal=False, softmax_scale=None,
+                                 B_r=64, B_c=64):
+    """The FA2 backward loop in float64, block by block: column blocks j outside, the row
+    blocks i that see them inside, S and P recomputed from the forward's L (lse), dK_j and dV_j
+    accumulated per column block, dQ_i accumulated across column blocks. Checks the block plan
+    against the mask (AssertionError otherwise). Returns (dq, dk, dv)."""
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    Q, K, V, dO, O = (_heads_to_front(x, nheads) for x in (q, k, v, dout, out))
+    L = np.asarray(lse, dtype=np.float64)                             # (b, h, N_q)
+    D = (dO * O).sum(axis=-1)                                         # D = rowsum(dO ∘ O)
+    visible = causal_mask(seqlen_q, seqlen_k, causal)
+    dQ = np.zeros(Q.shape)
+    dK = np.zeros(K.shape)
+    dV = np.zeros(V.shape)
+    T_r = -(-seqlen_q // B_r)
+    for j in range(-(-seqlen_k // B_c)):                              # one thread block per j
+        cols = slice(j * B_c, min((j + 1) * B_c, seqlen_k))
+        K_j, V_j = K[:, :, cols], V[:, :, cols]
+        dK_j, dV_j = np.zeros(K_j.shape), np.zeros(V_j.shape)
+        begin, end = row_blocks(j, B_r, B_c, seqlen_q, seqlen_k, causal)
+        for i in range(T_r):
+            rows = slice(i * B_r, min((i + 1) * B_r, seqlen_q))
+            block_visible = visible[rows, cols]
+            if not begin <= i < end:
+                assert not block_visible.any(), f"skipped block ({i}, {j}) has visible keys"
+                continue
+            masked = block_needs_mask(i, j, B_r, B_c, seqlen_q, seqlen_k, causal)
+            if not masked:
+                assert block_visible.all(), f"unmasked block ({i}, {j}) has masked keys"
+            S_ij = Q[:, :, rows] @ K_j.transpose(0, 1, 3, 2)          # S_ij = Q_i K_j^T
+            with np.errstate(invalid="ignore", over="ignore"):        # masked: inf - inf
+                P_ij = np.exp(scale * S_ij - L[:, :, rows, None])     # P_ij = exp(S_ij - L_i)
+            if masked:
+                P_ij = np.where(block_visible, P_ij, 0.0)
+            dV_j += P_ij.transpose(0, 1, 3, 2) @ dO[:, :, rows]       # dV_j += P_ij^T dO_i
+            dP_ij = dO[:, :, rows] @ V_j.transpose(0, 1, 3, 2)        # dP_ij = dO_i V_j^T
+            dS_ij = P_ij * (dP_ij - D[:, :, rows, None])              # dS_ij = P ∘ (dP - D_i)
+            dK_j += dS_ij.transpose(0, 1, 3, 2) @ Q[:, :, rows]       # dK_j += dS_ij^T Q_i
+            dQ[:, :, rows] += dS_ij @ K_j                             # dQ_i += dS_ij K_j
+        dK[:, :, cols] = scale * dK_j
+        dV[:, :, cols] = dV_j
+    return ((scale * dQ).transpose(0, 2, 1, 3), _group_sum(np, dK, nheads_k),
+            _group_sum(np, dV, nheads_k))

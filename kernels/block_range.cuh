@@ -45,4 +45,31 @@ __device__ __forceinline__ ColumnBlocks column_blocks(int row_block, int seqlen_
     return cb;
 }
 
+// Backward: column block `col_block` (keys [col_block * B_c, ...)) is seen by the row blocks
+// [begin, end); block (i, j) needs an element mask unless every row of row block i sees every
+// key of column block j (and the column block is not cut by the end of K).
+struct RowBlocks {
+    int begin, end;
+};
+
+template <int B_r, int B_c, bool CAUSAL>
+__device__ __forceinline__ RowBlocks row_blocks(int col_block, int seqlen_q, int seqlen_k) {
+    RowBlocks rb;
+    rb.end = (seqlen_q + B_r - 1) / B_r;
+    rb.begin = 0;
+    if (CAUSAL) {
+        // The first query row that sees key col_block * B_c: row + seqlen_k - seqlen_q >= key.
+        const int first_row = max(0, col_block * B_c - (seqlen_k - seqlen_q));
+        rb.begin = min(rb.end, first_row / B_r);
+    }
+    return rb;
+}
+
+template <int B_r, int B_c, bool CAUSAL>
+__device__ __forceinline__ bool block_needs_mask(int row_block, int col_block, int seqlen_q,
+                                                 int seqlen_k) {
+    const int last_col = (col_block + 1) * B_c - 1;
+    return last_col > visible_limit<CAUSAL>(row_block * B_r, seqlen_q, seqlen_k);
+}
+
 }  // namespace cuflash

@@ -32,6 +32,11 @@ struct fp16 {
         asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x));
         return r;
     }
+    static __device__ __forceinline__ float to_float(unsigned short x) {
+        float r;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x));
+        return r;
+    }
     // D(16x8, f32) += A(16x16) B(16x8)
     static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4],
                                                unsigned b0, unsigned b1) {
@@ -54,6 +59,9 @@ struct bf16 {
         asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
         return r;
     }
+    static __device__ __forceinline__ float to_float(unsigned short x) {
+        return __uint_as_float(static_cast<unsigned>(x) << 16);
+    }
     static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4],
                                                unsigned b0, unsigned b1) {
         asm volatile(
@@ -66,6 +74,9 @@ struct bf16 {
 
 typedef unsigned short elem_t;  // storage of one fp16 / bf16 value
 
+struct alignas(16) Chunk16 { unsigned x, y, z, w; };  // one 16-byte vector: 8 elements
+struct alignas(16) Float4 { float x, y, z, w; };      // one 16-byte vector of floats
+
 // ---------------------------------------------------------------------------------------------
 // Shared memory: addresses and the swizzle
 // ---------------------------------------------------------------------------------------------
@@ -76,52 +87,69 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return a;
 }
 
-// A tile row of D 16-bit elements is D/8 chunks of 16 bytes. ldmatrix reads the same chunk
+// A tile row of COLS 16-bit elements is COLS/8 chunks of 16 bytes. ldmatrix reads the same chunk
 // of 8 consecutive rows; without a swizzle those 8 reads hit the same banks whenever the row
-// pitch is a multiple of 128 bytes. Chunk c of row r is stored at chunk swizzle<D>(r, c):
+// pitch is a multiple of 128 bytes. Chunk c of row r is stored at chunk swizzle<COLS>(r, c):
 //   - inside each full group of 8 chunks: c ^ (r % 8)
-//   - in a trailing group of 4 chunks (D % 64 == 32): c ^ ((r / 2) % 4)
+//   - in a trailing group of 4 chunks (COLS % 64 == 32): c ^ ((r / 2) % 4)
 // Either way 8 consecutive rows land on 8 distinct 16-byte bank groups, for loads (cp.async),
 // ldmatrix and the epilogue's stores alike.
-template <int D>
+template <int COLS>
 __device__ __forceinline__ int swizzle(int r, int c) {
-    static_assert(D % 32 == 0, "tile rows must be a multiple of 32 elements");
-    constexpr int NC = D / 8;
+    static_assert(COLS % 32 == 0, "tile rows must be a multiple of 32 elements");
+    constexpr int NC = COLS / 8;
     if ((c | 7) < NC) return c ^ (r & 7);
     return c ^ ((r >> 1) & 3);
 }
 
-// Element offset of (row r, chunk c) in a swizzled (rows x D) tile.
-template <int D>
+// Element offset of (row r, chunk c) in a swizzled (rows x COLS) tile.
+template <int COLS>
 __device__ __forceinline__ int tile_offset(int r, int c) {
-    return r * D + swizzle<D>(r, c) * 8;
+    return r * COLS + swizzle<COLS>(r, c) * 8;
 }
 
-// Addresses for ldmatrix reads of a swizzled (rows x D) tile, built so that the compiler keeps
+// Addresses for ldmatrix reads of a swizzled (rows x COLS) tile, built so that the compiler keeps
 // a handful of registers per tile instead of one per (row, chunk) pair.
-// A lane reads row R0 + lane_row and chunk C0 + lane_chunk, where R0 (a multiple of 8) and C0
-// (even) are compile-time constants after unrolling, lane_row % 8 == lane % 8 and lane_chunk is
-// 0 or 1. Then (C0 + lane_chunk) ^ (r % 8) == (C0 & ~7) + ((C0 & 7) ^ t) with t depending on
-// the lane only, so 4 per-lane bases (C0 % 8 = 0, 2, 4, 6) plus an immediate cover the tile.
-template <int D>
+// A lane reads row R0 + lane_row and chunk C0 + chunk_offset + lane_chunk, where R0 (a multiple
+// of 8) and C0 (even) are compile-time constants after unrolling, lane_row % 8 == lane % 8,
+// lane_chunk is 0 or 1 and chunk_offset (even) is fixed per warp. The swizzled chunk then
+// splits into a part known per lane (4 bases, one per C0 % 8 = 0, 2, 4, 6) plus an immediate.
+// A nonzero chunk_offset is allowed only where the whole row is full 8-chunk groups.
+template <int COLS>
 struct SwizzledReader {
     unsigned full[4];  // inside full 8-chunk groups
-    unsigned tail[2];  // inside the trailing 4-chunk group of D % 64 == 32
-    __device__ __forceinline__ SwizzledReader(unsigned tile_addr, int lane_row, int lane_chunk) {
-        const unsigned row_addr = tile_addr + lane_row * D * 2;
-        const int t = lane_chunk ^ (lane_row & 7);
-        const int t2 = lane_chunk ^ ((lane_row >> 1) & 3);
+    unsigned tail[2];  // inside the trailing 4-chunk group of COLS % 64 == 32
+    __device__ __forceinline__ SwizzledReader(unsigned tile_addr, int lane_row, int lane_chunk,
+                                              int chunk_offset = 0) {
+        const unsigned row_addr = tile_addr + lane_row * COLS * 2;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) full[q] = row_addr + ((2 * q) ^ t) * 16;
+        for (int q = 0; q < 4; ++q) {
+            const int s = 2 * q + (chunk_offset & 7);  // may carry into the next group
+            const int chunk = (chunk_offset & ~7) + (s & 8)
+                            + (((s & 7) | lane_chunk) ^ (lane_row & 7));
+            full[q] = row_addr + chunk * 16;
+        }
+        const int t2 = lane_chunk ^ ((lane_row >> 1) & 3);
 #pragma unroll
         for (int q = 0; q < 2; ++q) tail[q] = row_addr + ((2 * q) ^ t2) * 16;
     }
-    // Shared address of (row R0 + lane_row, chunk C0 + lane_chunk), swizzled like tile_offset.
+    // Shared address of (row R0 + lane_row, chunk C0 + chunk_offset + lane_chunk), swizzled like
+    // tile_offset.
     __device__ __forceinline__ unsigned at(int R0, int C0) const {
-        if ((C0 | 7) < D / 8) return full[(C0 & 7) >> 1] + R0 * D * 2 + (C0 & ~7) * 16;
-        return tail[(C0 & 3) >> 1] + R0 * D * 2 + (C0 & ~3) * 16;
+        if ((C0 | 7) < COLS / 8) return full[(C0 & 7) >> 1] + R0 * COLS * 2 + (C0 & ~7) * 16;
+        return tail[(C0 & 3) >> 1] + R0 * COLS * 2 + (C0 & ~3) * 16;
     }
 };
+
+// The two lane patterns of ldmatrix x4 for m16n8k16 operands (see fa2_forward.cu):
+//   ROWS_FIRST:  row (lane % 8) + 8 * ((lane / 8) % 2), chunk lane / 16
+//                A from a row-major [m][k] tile, or B with .trans from a [k][n] tile
+//   CHUNKS_FIRST: row (lane % 8) + 8 * (lane / 16), chunk (lane / 8) % 2
+//                B from an [n][k] tile, or A with .trans from a [k][m] tile
+__device__ __forceinline__ int lane_row_rows_first(int l) { return l % 8 + 8 * ((l / 8) % 2); }
+__device__ __forceinline__ int lane_chunk_rows_first(int l) { return l / 16; }
+__device__ __forceinline__ int lane_row_chunks_first(int l) { return l % 8 + 8 * (l / 16); }
+__device__ __forceinline__ int lane_chunk_chunks_first(int l) { return (l / 8) % 2; }
 
 // ---------------------------------------------------------------------------------------------
 // ldmatrix: four 8x8 matrices of 16-bit values per warp; lane i gives the row address
@@ -149,21 +177,27 @@ __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                  :: "r"(dst), "l"(src), "r"(src_size));
 }
+// 4-byte variant (cp.async.ca), for float vectors whose rows need not be 16-byte aligned.
+__device__ __forceinline__ void cp_async_4(unsigned dst, const void* src, bool valid) {
+    int src_size = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
+                 :: "r"(dst), "l"(src), "r"(src_size));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N));
 }
 
-// Copy a (ROWS x D) tile whose row r starts at src + r * row_stride into swizzled shared
-// memory. Rows >= rows_valid and chunks >= chunks_valid (head dim d < D) are zero-filled.
+// Copy a (ROWS x COLS) tile whose row r starts at src + r * row_stride into swizzled shared
+// memory. Rows >= rows_valid and chunks >= chunks_valid (head dim d < COLS) are zero-filled.
 // NTHREADS threads share the work, consecutive threads taking consecutive 16-byte chunks of
 // a row, so global reads are coalesced.
-template <int ROWS, int D, int NTHREADS>
+template <int ROWS, int COLS, int NTHREADS>
 __device__ __forceinline__ void load_tile_async(elem_t* smem, const elem_t* src,
                                                 long long row_stride, int rows_valid,
                                                 int chunks_valid, int tid) {
-    constexpr int NC = D / 8;
+    constexpr int NC = COLS / 8;
     const unsigned base = smem_u32(smem);
     if constexpr (NTHREADS % NC == 0) {
         // Each thread keeps one chunk column c and steps down ROWS_PER_IT rows at a time. The
@@ -176,7 +210,7 @@ __device__ __forceinline__ void load_tile_async(elem_t* smem, const elem_t* src,
         unsigned dst[PERIOD];
 #pragma unroll
         for (int p = 0; p < PERIOD; ++p)
-            dst[p] = base + 2u * tile_offset<D>(r0 + p * ROWS_PER_IT, c);
+            dst[p] = base + 2u * tile_offset<COLS>(r0 + p * ROWS_PER_IT, c);
         const elem_t* g = src + r0 * row_stride + c * 8;
         const long long g_step = ROWS_PER_IT * row_stride;  // bumped, not recomputed per row
 #pragma unroll
@@ -184,7 +218,7 @@ __device__ __forceinline__ void load_tile_async(elem_t* smem, const elem_t* src,
             const int r = r0 + it * ROWS_PER_IT;
             if (ROWS % ROWS_PER_IT != 0 && r >= ROWS) break;
             const bool valid = r < rows_valid && c < chunks_valid;
-            cp_async_16(dst[it % PERIOD] + (it / PERIOD) * PERIOD * ROWS_PER_IT * D * 2,
+            cp_async_16(dst[it % PERIOD] + (it / PERIOD) * PERIOD * ROWS_PER_IT * COLS * 2,
                         valid ? g : src, valid);
         }
     } else {
@@ -196,7 +230,7 @@ __device__ __forceinline__ void load_tile_async(elem_t* smem, const elem_t* src,
             const int r = i / NC, c = i % NC;
             const bool valid = r < rows_valid && c < chunks_valid;
             const elem_t* g = valid ? src + r * row_stride + c * 8 : src;
-            cp_async_16(base + 2u * tile_offset<D>(r, c), g, valid);
+            cp_async_16(base + 2u * tile_offset<COLS>(r, c), g, valid);
         }
     }
 }

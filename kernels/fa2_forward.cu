@@ -21,7 +21,7 @@
 //
 // Variants (template parameters; cuflash/_plan.py picks them):
 //   T       fp16 | bf16                      element type of Q, K, V, O
-//   D       32, 64, ..., 256                 head-dim bucket; the real d (multiple of 8, <= D)
+//   HD       32, 64, ..., 256                 head-dim bucket; the real d (multiple of 8, <= HD)
 //                                            is zero-padded inside shared memory
 //   B_r, B_c, NWARPS                         tile shape (see ForwardTile)
 //   CAUSAL                                   bottom-right aligned causal mask, blocks fully
@@ -34,26 +34,24 @@ namespace cuflash {
 // ---------------------------------------------------------------------------------------------
 // Tile shape and the quantities derived from it
 // ---------------------------------------------------------------------------------------------
-template <int D_, int B_r_, int B_c_, int NWARPS_>
+template <int HD_, int B_r_, int B_c_, int NWARPS_>
 struct ForwardTile {
-    static constexpr int D = D_, B_r = B_r_, B_c = B_c_, NWARPS = NWARPS_;
+    static constexpr int HD = HD_, B_r = B_r_, B_c = B_c_, NWARPS = NWARPS_;
     static constexpr int NTHREADS = NWARPS * 32;
     static constexpr int ROWS_PER_WARP = B_r / NWARPS;
     static constexpr int MT = ROWS_PER_WARP / 16;  // m16 tiles of rows per warp
     static constexpr int NT_S = B_c / 8;           // n8 tiles across S_ij
-    static constexpr int NT_O = D / 8;             // n8 tiles across O~_i
-    static constexpr int KS_QK = D / 16;           // k16 steps of Q_i K_j^T
+    static constexpr int NT_O = HD / 8;             // n8 tiles across O~_i
+    static constexpr int KS_QK = HD / 16;           // k16 steps of Q_i K_j^T
     static constexpr int KS_PV = B_c / 16;         // k16 steps of P~_ij V_j
-    // Shared memory, in elements: Q_i (B_r x D), K_j (B_c x D), V_j (B_c x D).
-    static constexpr int SMEM_ELEMS = (B_r + 2 * B_c) * D;
+    // Shared memory, in elements: Q_i (B_r x HD), K_j (B_c x HD), V_j (B_c x HD).
+    static constexpr int SMEM_ELEMS = (B_r + 2 * B_c) * HD;
 
-    static_assert(D % 32 == 0 && D <= 256, "head-dim bucket must be a multiple of 32, <= 256");
+    static_assert(HD % 32 == 0 && HD <= 256, "head-dim bucket must be a multiple of 32, <= 256");
     static_assert(B_r % (16 * NWARPS) == 0, "each warp owns whole m16 tiles of rows");
     static_assert(MT >= 1 && MT <= 2, "1 or 2 m16 tiles per warp");
     static_assert(B_c % 16 == 0, "B_c is a whole number of k16 steps of P V");
 };
-
-struct alignas(16) Chunk16 { unsigned x, y, z, w; };  // one 16-byte vector of 8 elements
 
 // ---------------------------------------------------------------------------------------------
 // The kernel
@@ -61,7 +59,7 @@ struct alignas(16) Chunk16 { unsigned x, y, z, w; };  // one 16-byte vector of 8
 // Q, K, V: (batch, seqlen, heads, d) with arbitrary strides in elements (the last dim is
 // contiguous); q head h reads kv head h / group (MQA/GQA). O has Q's shape (its own strides);
 // L is float32 (batch, heads, seqlen_q), contiguous.
-template <typename T, int D, int B_r, int B_c, int NWARPS, bool CAUSAL>
+template <typename T, int HD, int B_r, int B_c, int NWARPS, bool CAUSAL>
 __global__ void __launch_bounds__(NWARPS * 32)
 fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             const elem_t* __restrict__ V, elem_t* __restrict__ O, float* __restrict__ L,
@@ -71,25 +69,27 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             long long v_stride_b, long long v_stride_s, long long v_stride_h,
             long long o_stride_b, long long o_stride_s, long long o_stride_h,
             float softmax_scale, float scale_log2) {
-    using Tile = ForwardTile<D, B_r, B_c, NWARPS>;
+    using Tile = ForwardTile<HD, B_r, B_c, NWARPS>;
     constexpr int NTHREADS = Tile::NTHREADS, RPW = Tile::ROWS_PER_WARP, MT = Tile::MT;
     constexpr int NT_S = Tile::NT_S, NT_O = Tile::NT_O;
 
     // One dynamic shared buffer carved into the three tiles.
     extern __shared__ __attribute__((aligned(128))) elem_t smem[];
-    elem_t* sQ = smem;            // (B_r, D)  Q_i, later the staging area of O_i
-    elem_t* sK = sQ + B_r * D;    // (B_c, D)  K_j
-    elem_t* sV = sK + B_c * D;    // (B_c, D)  V_j
+    elem_t* sQ = smem;           // (B_r, HD)  Q_i, later the staging area of O_i
+    elem_t* sK = sQ + B_r * HD;  // (B_c, HD)  K_j
+    elem_t* sV = sK + B_c * HD;  // (B_c, HD)  V_j
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 
     // ldmatrix lane addressing (see the fragment layouts in the inner loop):
     //   Q_i (A, row-major):   lane reads row (lane % 8) + 8 * ((lane / 8) % 2), chunk lane / 16
     //   K_j (B, K^T columns): lane reads row (lane % 8) + 8 * (lane / 16),     chunk (lane / 8) % 2
     //   V_j (B, .trans):      lane reads row (lane % 8) + 8 * ((lane / 8) % 2), chunk lane / 16
-    const SwizzledReader<D> readQ(smem_u32(sQ) + warp * RPW * D * 2,
-                                  lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
-    const SwizzledReader<D> readK(smem_u32(sK), lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
-    const SwizzledReader<D> readV(smem_u32(sV), lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+    const SwizzledReader<HD> readQ(smem_u32(sQ) + warp * RPW * HD * 2,
+                                   lane_row_rows_first(lane), lane_chunk_rows_first(lane));
+    const SwizzledReader<HD> readK(smem_u32(sK), lane_row_chunks_first(lane),
+                                   lane_chunk_chunks_first(lane));
+    const SwizzledReader<HD> readV(smem_u32(sV), lane_row_rows_first(lane),
+                                   lane_chunk_rows_first(lane));
     // Causal row blocks near the bottom visit the most column blocks: launch them first.
     const int row_block = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
@@ -104,9 +104,9 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     const ColumnBlocks cb = column_blocks<B_r, B_c, CAUSAL>(row_block, seqlen_q, seqlen_k);
 
     // Q_i: HBM -> shared, with K_{begin} in the same cp.async group.
-    load_tile_async<B_r, D, NTHREADS>(sQ, q, q_stride_s, seqlen_q - row0, chunks, tid);
+    load_tile_async<B_r, HD, NTHREADS>(sQ, q, q_stride_s, seqlen_q - row0, chunks, tid);
     if (cb.begin < cb.end)
-        load_tile_async<B_c, D, NTHREADS>(sK, k + cb.begin * B_c * k_stride_s, k_stride_s,
+        load_tile_async<B_c, HD, NTHREADS>(sK, k + cb.begin * B_c * k_stride_s, k_stride_s,
                                           seqlen_k - cb.begin * B_c, chunks, tid);
     cp_async_commit();
 
@@ -133,7 +133,7 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         __syncthreads();  // K_j is in shared memory; every warp is done with V_{j-1}
 
         // V_j: HBM -> shared, overlapping S_ij = Q_i K_j^T below.
-        load_tile_async<B_c, D, NTHREADS>(sV, v + col0 * v_stride_s, v_stride_s,
+        load_tile_async<B_c, HD, NTHREADS>(sV, v + col0 * v_stride_s, v_stride_s,
                                           seqlen_k - col0, chunks, tid);
         cp_async_commit();
 
@@ -218,7 +218,7 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         __syncthreads();  // V_j is in shared memory; every warp is done reading K_j
         // K_{j+1}: HBM -> shared, overlapping O~_i += P~_ij V_j below.
         if (j + 1 < cb.end)
-            load_tile_async<B_c, D, NTHREADS>(sK, k + (col0 + B_c) * k_stride_s, k_stride_s,
+            load_tile_async<B_c, HD, NTHREADS>(sK, k + (col0 + B_c) * k_stride_s, k_stride_s,
                                               seqlen_k - col0 - B_c, chunks, tid);
         cp_async_commit();
 
@@ -280,18 +280,18 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 #pragma unroll
             for (int nt = 0; nt < NT_O; ++nt) {
                 const unsigned packed = T::pack(o[mt][nt][e2 * 2], o[mt][nt][e2 * 2 + 1]);
-                *reinterpret_cast<unsigned*>(sQ + tile_offset<D>(r, nt) + (lane % 4) * 2) = packed;
+                *reinterpret_cast<unsigned*>(sQ + tile_offset<HD>(r, nt) + (lane % 4) * 2) = packed;
             }
         }
     __syncwarp();
     elem_t* out = O + batch * o_stride_b + head * o_stride_h;
-    constexpr int NC = D / 8;
+    constexpr int NC = HD / 8;
 #pragma unroll
     for (int i = lane; i < RPW * NC; i += 32) {
         const int r = warp * RPW + i / NC, c = i % NC;
         if (row0 + r < seqlen_q && c < chunks)
             *reinterpret_cast<Chunk16*>(out + (row0 + r) * o_stride_s + c * 8) =
-                *reinterpret_cast<const Chunk16*>(sQ + tile_offset<D>(r, c));
+                *reinterpret_cast<const Chunk16*>(sQ + tile_offset<HD>(r, c));
     }
 }
 

@@ -27,9 +27,9 @@ def test_every_specialisation_compiles_without_spills(reports):
 def test_specialisations_cover_every_bucket_dtype_and_mask(reports):
     names = {n for _, n in _plan.all_specialisations()}
     for dtype in _plan.ELEMENT_TAGS:
-        for D in _plan.HEAD_DIM_BUCKETS:
+        for HD in _plan.HEAD_DIM_BUCKETS:
             for causal in (False, True):
-                name = _plan.forward_kernel_name(dtype, _plan.forward_config(D, causal), causal)
+                name = _plan.forward_kernel_name(dtype, _plan.forward_config(HD, causal), causal)
                 assert name in names
 
 

@@ -198,6 +198,6 @@ def test_compile_error_names_file_and_line(tmp_path, monkeypatch):
 def test_every_shipped_config_is_used_on_this_device():
     """The planner picks a tile for every bucket that fits this device's shared memory."""
     limit = cp.cuda.runtime.getDeviceProperties(0)["sharedMemPerBlockOptin"]
-    for D in _plan.HEAD_DIM_BUCKETS:
+    for HD in _plan.HEAD_DIM_BUCKETS:
         for causal in (False, True):
-            assert _plan.forward_config(D, causal, limit).smem_bytes <= limit
+            assert _plan.forward_config(HD, causal, limit).smem_bytes <= limit

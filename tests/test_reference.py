@@ -115,3 +115,82 @@ def test_column_blocks_match_mask(causal):
                         assert not full  # a block that needs no mask is never masked
                 if cb.end > cb.begin:
                     assert visible[rows, (cb.end - 1) * B_c:cb.end * B_c].any()
+
+
+# ---- backward ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk,h,hk", [(4, 5, 2, 1), (5, 3, 2, 2)])
+def test_naive_backward_matches_finite_differences(sq, sk, h, hk, causal):
+    rng = np.random.default_rng(7 + sq + sk)
+    q, k, v = _rand(rng, 1, sq, h, 4), _rand(rng, 1, sk, hk, 4), _rand(rng, 1, sk, hk, 4)
+    dout = _rand(rng, 1, sq, h, 4)
+    grads = ref.attention_backward_naive(dout, q, k, v, causal, softmax_scale=0.8)
+
+    def loss(q_, k_, v_):  # <O, dout>: its gradient is the VJP with dout
+        return float((ref.attention_naive(q_, k_, v_, causal, 0.8)[0] * dout).sum())
+
+    eps = 1e-6
+    for which, (x, g) in enumerate(zip((q, k, v), grads)):
+        fd = np.zeros_like(x)
+        for idx in np.ndindex(x.shape):
+            args = [q, k, v]
+            plus, minus = x.copy(), x.copy()
+            plus[idx] += eps
+            minus[idx] -= eps
+            args[which] = plus
+            lp = loss(*args)
+            args[which] = minus
+            fd[idx] = (lp - loss(*args)) / (2 * eps)
+        np.testing.assert_allclose(g, fd, rtol=0, atol=1e-7)
+
+
+BWD_CASES = [
+    # (batch, seqlen_q, seqlen_k, heads, heads_k, d, B_r, B_c)
+    (2, 17, 33, 4, 2, 16, 8, 16),
+    (1, 33, 17, 3, 1, 8, 16, 8),     # rows that see no key
+    (1, 130, 70, 2, 1, 24, 64, 64),
+    (1, 3, 203, 1, 1, 8, 64, 64),
+    (1, 200, 200, 2, 2, 8, 64, 64),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", BWD_CASES,
+                         ids=lambda c: "b{}_q{}_k{}_h{}_hk{}_d{}_Br{}_Bc{}".format(*c))
+def test_fa2_tiled_backward_equals_naive(case, causal):
+    b, sq, sk, h, hk, d, B_r, B_c = case
+    rng = np.random.default_rng(sum(case) + 1)
+    q, k, v = _rand(rng, b, sq, h, d), _rand(rng, b, sk, hk, d), _rand(rng, b, sk, hk, d)
+    dout = _rand(rng, b, sq, h, d)
+    O, L = ref.attention_naive(q, k, v, causal)
+    naive = ref.attention_backward_naive(dout, q, k, v, causal)
+    tiled = ref.attention_backward_fa2_tiled(dout, q, k, v, O, L, causal, B_r=B_r, B_c=B_c)
+    for a, t in zip(naive, tiled):
+        assert np.isfinite(t).all()
+        np.testing.assert_allclose(t, a, rtol=0, atol=1e-12)
+
+
+def test_fully_masked_rows_have_zero_gradients():
+    rng = np.random.default_rng(3)
+    q, k, v = _rand(rng, 1, 10, 1, 8), _rand(rng, 1, 4, 1, 8), _rand(rng, 1, 4, 1, 8)
+    dout = _rand(rng, 1, 10, 1, 8)
+    O, L = ref.attention_naive(q, k, v, True)
+    for dq, dk, dv in (ref.attention_backward_naive(dout, q, k, v, True),
+                       ref.attention_backward_fa2_tiled(dout, q, k, v, O, L, True, 4, 2)):
+        assert (dq[0, :6] == 0).all() and np.isfinite(dk).all() and np.isfinite(dv).all()
+
+
+def test_same_dtype_references_are_close_but_not_exact():
+    import ml_dtypes
+    rng = np.random.default_rng(5)
+    for dt, lo, hi in ((np.float16, 1e-5, 1e-2), (ml_dtypes.bfloat16, 1e-4, 1e-1)):
+        q, k, v, dout = (_rand(rng, 1, 100, 2, 32).astype(dt) for _ in range(4))
+        O, _ = ref.attention_naive(q, k, v, True)
+        err = np.abs(ref.attention_naive_same_dtype(q, k, v, True).astype(np.float64) - O).max()
+        assert lo < err < hi
+        exact = ref.attention_backward_naive(dout, q, k, v, True)
+        low = ref.attention_backward_naive_same_dtype(dout, q, k, v, True)
+        for a, b in zip(exact, low):
+            assert b.dtype == dt
+            assert lo < np.abs(b.astype(np.float64) - a).max() < hi

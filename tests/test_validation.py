@@ -93,3 +93,22 @@ def test_empty_arrays_pass_layout_checks():
     # CuPy reports all-zero strides for empty arrays: they must not trip the stride check.
     q = np.lib.stride_tricks.as_strided(np.zeros(1, np.float16), (0, 16, 2, 64), (0, 0, 0, 0))
     _api._check_shapes(q, q, q)
+
+
+def test_backward_rejects_numpy_and_bad_lse():
+    pytest.importorskip("cupy", reason="CuPy not installed: the public API cannot be called")
+    import cuflash
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"numpy.ndarray.*cupy.asarray"):
+        cuflash.backward(q, q, k, v, q, np.zeros((2, 4, 16), np.float32))
+
+
+def test_backward_buckets():
+    assert [_plan.backward_head_dim_bucket(d) for d in (8, 64, 72, 96, 128, 136, 256)] == \
+        [32, 64, 128, 128, 128, 256, 256]
+    for HD in _plan.BACKWARD_HEAD_DIM_BUCKETS:
+        assert _plan.backward_config(HD, 163 * 1024).smem_bytes <= 163 * 1024   # A100
+    for HD in (32, 64, 128):
+        assert _plan.backward_config(HD, 99 * 1024).smem_bytes <= 99 * 1024      # sm_86/89
+    with pytest.raises(RuntimeError, match="shared memory"):
+        _plan.backward_config(256, 99 * 1024)

@@ -1,14 +1,15 @@
-"""Forward-pass speed, side by side in one run on one GPU.
+"""Attention speed, side by side in one run on one GPU.
 
-    python bench/bench_forward.py                        # the issue's point: bf16, d 128,
-                                                         # batch 4, 16 heads, seqlen 4096
-    python bench/bench_forward.py --causal --dtype fp16 --json bench/results/x.json
-    python bench/bench_forward.py --configs 128x32x4,64x64x4   # cuflash tile shapes to try
+    python bench/bench.py                        # forward at the issues' point: bf16, d 128,
+                                                 # batch 4, 16 heads, seqlen 4096
+    python bench/bench.py --pass bwd --causal --json bench/results/x.json
+    python bench/bench.py --configs 128x32x4,64x64x4   # cuflash forward tile shapes to try
 
-Providers: cuflash (FA2 kernel), naive CuPy in the same dtype (S and P materialised), and,
-when torch is importable, torch SDPA with the FLASH_ATTENTION (FlashAttention-2's kernels) and
-CUDNN_ATTENTION backends. FLOPs: 4 * b * h * n^2 * d, halved when causal. Times: CUDA events,
-median of --reps runs after warm-up (compilation excluded).
+Providers: cuflash (FA2 kernels; the backward also with deterministic=True), naive CuPy in the
+same dtype (S and P materialised; forward only), and, when torch is importable, torch SDPA
+with the FLASH_ATTENTION (FlashAttention-2's kernels) and CUDNN_ATTENTION backends.
+FLOPs: forward 4 * b * h * n^2 * d, halved when causal; backward 2.5x the forward's.
+Times: CUDA events, median of --reps runs after warm-up (compilation excluded).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlen", type=int, default=4096)
     ap.add_argument("--headdim", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--pass", dest="which", choices=["fwd", "bwd"], default="fwd")
     ap.add_argument("--providers", default="cuflash,naive,torch-flash,torch-cudnn")
     ap.add_argument("--configs", default="", help="cuflash tile shapes BrxBcxWarps, comma-sep")
     ap.add_argument("--reps", type=int, default=30)
@@ -108,14 +110,15 @@ def main(argv=None) -> int:
     dtype = ml_dtypes.bfloat16 if args.dtype == "bf16" else np.float16
     b, h, n, d, causal = args.batch, args.heads, args.seqlen, args.headdim, args.causal
     scale = 1.0 / math.sqrt(d)
-    flops = 4 * b * h * n * n * d / (2 if causal else 1)
+    flops = 4 * b * h * n * n * d / (2 if causal else 1) * (2.5 if args.which == "bwd" else 1)
     providers = args.providers.split(",")
     props = cp.cuda.runtime.getDeviceProperties(0)
     meta = {
         "device": props["name"].decode(), "date": datetime.datetime.now().isoformat(" ", "seconds"),
         "command": " ".join(["python"] + sys.argv), "cupy": cp.__version__,
         "python": platform.python_version(),
-        "problem": dict(dtype=args.dtype, batch=b, heads=h, seqlen=n, headdim=d, causal=causal),
+        "problem": dict(dtype=args.dtype, batch=b, heads=h, seqlen=n, headdim=d, causal=causal,
+                        which=args.which),
     }
     rows = []
 
@@ -125,14 +128,24 @@ def main(argv=None) -> int:
         shown = f"{ms:9.3f} ms {tf:8.1f} TFLOP/s" if ms else f"{'-':>30}"
         print(f"  {provider:<28}{shown}  {note}", flush=True)
 
-    print(f"{meta['device']}: {args.dtype} b={b} h={h} n={n} d={d} causal={causal}")
+    print(f"{meta['device']}: {args.which} {args.dtype} b={b} h={h} n={n} d={d} causal={causal}")
     q, k, v = (cp.random.standard_normal((b, n, h, d), dtype=cp.float32).astype(dtype)
                for _ in range(3))
-    if "cuflash" in providers:
+    if "cuflash" in providers and args.which == "bwd":
+        dout = cp.random.standard_normal((b, n, h, d), dtype=cp.float32).astype(dtype)
+        out, lse = cuflash.forward(q, k, v, causal=causal)
+        for det in (False, True):
+            label = "cuflash" + (" deterministic" if det else "")
+            fn = lambda det=det: cuflash.backward(dout, q, k, v, out, lse,  # noqa: E731
+                                                  causal=causal, deterministic=det)
+            fn()
+            record(label, median_ms(cp, fn, args.warmup, args.reps))
+        del dout, out, lse
+    if "cuflash" in providers and args.which == "fwd":
         configs = [None]
         if args.configs:
-            D = _plan.head_dim_bucket(d)
-            configs = [_plan.ForwardConfig(D, *map(int, c.split("x")))
+            HD = _plan.head_dim_bucket(d)
+            configs = [_plan.ForwardConfig(HD, *map(int, c.split("x")))
                        for c in args.configs.split(",")]
         for cfg in configs:
             label = "cuflash" if cfg is None else f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w"
@@ -142,7 +155,7 @@ def main(argv=None) -> int:
                 record(label, median_ms(cp, fn, args.warmup, args.reps))
             except Exception as exc:  # a config that does not fit: report, go on
                 record(label, None, f"failed: {type(exc).__name__}: {str(exc)[:120]}")
-    if "naive" in providers:
+    if "naive" in providers and args.which == "fwd":
         qh, kh, vh = (x.transpose(0, 2, 1, 3).reshape(b * h, n, d) for x in (q, k, v))
         try:
             fn = lambda: naive_cupy(cp, qh, kh, vh, causal, scale)  # noqa: E731
@@ -167,14 +180,24 @@ def main(argv=None) -> int:
         else:
             meta["torch"] = torch.__version__
             tdt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-            tq, tk, tv = (torch.randn(b, h, n, d, device="cuda", dtype=tdt) for _ in range(3))
+            tq, tk, tv = (torch.randn(b, h, n, d, device="cuda", dtype=tdt,
+                                      requires_grad=args.which == "bwd") for _ in range(3))
+            tdo = torch.randn(b, h, n, d, device="cuda", dtype=tdt)
             backends = {"torch-flash": SDPBackend.FLASH_ATTENTION,
                         "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
             for name in torch_wanted:
-                def fn(be=backends[name]):
-                    with sdpa_kernel(be):
-                        torch.nn.functional.scaled_dot_product_attention(
+                if args.which == "fwd":
+                    def fn(be=backends[name]):
+                        with sdpa_kernel(be), torch.no_grad():
+                            torch.nn.functional.scaled_dot_product_attention(
+                                tq, tk, tv, is_causal=causal)
+                else:
+                    with sdpa_kernel(backends[name]):
+                        to = torch.nn.functional.scaled_dot_product_attention(
                             tq, tk, tv, is_causal=causal)
+
+                    def fn(to=to):
+                        torch.autograd.grad(to, (tq, tk, tv), tdo, retain_graph=True)
                 try:
                     fn()
                     torch.cuda.synchronize()
@@ -189,6 +212,9 @@ def main(argv=None) -> int:
             if r["ms"] and not r["provider"].startswith("cuflash"):
                 r["cuflash_ratio"] = ours["tflops"] / r["tflops"]
                 print(f"  vs {r['provider']:<25} {r['cuflash_ratio']:6.2f}x")
+    det = next((r for r in rows if r["provider"] == "cuflash deterministic" and r["ms"]), None)
+    if ours and det:
+        print(f"deterministic backward: {det['ms'] / ours['ms']:.2f}x the time of the default")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -1,0 +1,23 @@
+"""The training example: a short run shows the loss falling, on the CPU (float64 reference)
+and on the GPU (cuflash forward/backward in bf16)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import train_attention  # noqa: E402
+
+
+def test_example_loss_falls_on_cpu_reference():
+    losses = train_attention.train(steps=30, batch=2, seqlen=32, d_model=64, heads=2,
+                                   use_gpu=False, verbose=False)
+    assert losses[-1] < losses[0] / 3
+
+
+@pytest.mark.gpu
+def test_example_loss_falls_on_gpu():
+    losses = train_attention.train(steps=30, batch=4, seqlen=128, use_gpu=True, verbose=False)
+    assert all(map(lambda x: x == x, losses)), "NaN loss"
+    assert losses[-1] < losses[0] / 3
