@@ -261,6 +261,15 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + shfl_xor(x, 2);
 }
 
+// Atomic float add of 4 consecutive floats (16-byte aligned), one vector reduction (sm_90+).
+// Only the sum is needed, so it is a RED, not an ATOM.
+__device__ __forceinline__ void red_add_f32x4(float* p, float a, float b, float c, float d) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+#endif
+}
+
 // A compile-time bool as a type (selects the masked / unmasked variant of a loop body).
 template <bool V>
 struct Bool { static constexpr bool value = V; };

@@ -99,7 +99,7 @@ struct BackwardTile {
 // `expanded` is 0, the input dtype with kv heads (group == 1); when 1, float32 with one slice
 // per query head (batch, seqlen_k, heads, d), summed over each group afterwards.
 template <typename T, int HD, int NWARPS, int QSTAGES, bool CAUSAL>
-__global__ void __launch_bounds__(NWARPS * 32)
+__global__ void __launch_bounds__(NWARPS * 32, 1)
 fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
              const elem_t* __restrict__ V, const elem_t* __restrict__ dO,
              const float* __restrict__ L, const float* __restrict__ Dsum,
@@ -276,7 +276,8 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             // dQ_i += dS_ij K_j: (16 query rows x HD / WN) per warp, k = the B_c keys, in
             // passes of DQ_PASS n8 tiles so that few registers are live next to dK_j and dV_j.
             const int row = row0 + wm * 16 + lane / 4;
-            float* dst = dq_acc + (long long)row * d + wn * (HD / Tile::WN) + (lane % 4) * 2;
+            float* dst0 = dq_acc + wn * (HD / Tile::WN);  // this warp's first dQ column
+            float* dst_row = dst0 + (long long)row * d + (lane % 4) * 2;  // row g, column 2t
 #pragma unroll
             for (int pass = 0; pass < NH / Tile::DQ_PASS; ++pass) {
                 float dq[Tile::DQ_PASS][4];
@@ -297,18 +298,33 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                         T::mma(dq[2 * nd2 + 1], a, bk[2], bk[3]);
                     }
                 }
-                // Atomic float adds into dQ_accum (rows past seqlen_q, columns past d skipped).
+                // Float atomics into dQ_accum; rows past seqlen_q, columns past d skipped.
 #pragma unroll
                 for (int nt = 0; nt < Tile::DQ_PASS; ++nt) {
-                    const int col = wn * (HD / Tile::WN) + (pass * Tile::DQ_PASS + nt) * 8;
-                    if (col >= d) break;
+                    const int tile_col = (pass * Tile::DQ_PASS + nt) * 8;
+                    if (wn * (HD / Tile::WN) + tile_col >= d) break;
+                    const float* c = dq[nt];
+#if __CUDA_ARCH__ >= 900
+                    // 4 consecutive columns per instruction: lanes 2t and 2t+1 swap halves so
+                    // that the even lane holds row g and the odd lane row g + 8 of columns
+                    // 4 (t / 2) .. 4 (t / 2) + 3.
+                    const bool odd = lane & 1;
+                    const int my_row = row + (odd ? 8 : 0);
+                    const float r0 = shfl_xor(odd ? c[0] : c[2], 1);
+                    const float r1 = shfl_xor(odd ? c[1] : c[3], 1);
+                    if (my_row < seqlen_q) {
+                        float* p = dst0 + (long long)my_row * d + tile_col + ((lane % 4) & ~1) * 2;
+                        if (odd) red_add_f32x4(p, r0, r1, c[2], c[3]);
+                        else red_add_f32x4(p, c[0], c[1], r0, r1);
+                    }
+#else
 #pragma unroll
                     for (int e2 = 0; e2 < 2; ++e2)
                         if (row + e2 * 8 < seqlen_q)
 #pragma unroll
                             for (int e1 = 0; e1 < 2; ++e1)
-                                atomicAdd(dst + e2 * 8 * d + (pass * Tile::DQ_PASS + nt) * 8 + e1,
-                                          dq[nt][e2 * 2 + e1]);
+                                atomicAdd(dst_row + e2 * 8 * d + tile_col + e1, c[e2 * 2 + e1]);
+#endif
                 }
             }
         };
