@@ -277,7 +277,9 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             // passes of DQ_PASS n8 tiles so that few registers are live next to dK_j and dV_j.
             const int row = row0 + wm * 16 + lane / 4;
             float* dst0 = dq_acc + wn * (HD / Tile::WN);  // this warp's first dQ column
+#if __CUDA_ARCH__ < 900
             float* dst_row = dst0 + (long long)row * d + (lane % 4) * 2;  // row g, column 2t
+#endif
 #pragma unroll
             for (int pass = 0; pass < NH / Tile::DQ_PASS; ++pass) {
                 float dq[Tile::DQ_PASS][4];
