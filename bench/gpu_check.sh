@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 
 for step in $steps; do
   case $step in
     tests)  # the full suite, CPU and GPU tests
-      python3 -m pytest -rs -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -30
+      python3 -m pytest -rs -q -s -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -30
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     bench)  # the issues' speed points, side by side with the peers
       for p in fwd bwd; do
