@@ -11,4 +11,5 @@ from ._api import attention_with_vjp, backward, forward, precompile
 from ._loader import KernelCompileError
 
 __version__ = "0.1.0"
-__all__ = ["forward", "backward", "attention_with_vjp", "precompile", "KernelCompileError", "__version__"]
+__all__ = ["forward", "backward", "attention_with_vjp", "precompile",
+           "KernelCompileError", "__version__"]

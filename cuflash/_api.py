@@ -122,7 +122,8 @@ def _strides(x) -> tuple:
 
 
 def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *,
-            out=None, lse=None, _config: _plan.ForwardConfig | None = None):
+            out=None, lse=None, algorithm: str = "fa2", verbose: bool = False,
+            _config: _plan.ForwardConfig | None = None):
     """FlashAttention-2 forward: ``out = softmax(softmax_scale * q k^T [+ causal mask]) v``.
 
     Parameters
@@ -138,6 +139,9 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
     softmax_scale : float, default ``1 / sqrt(headdim)``
     out, lse : optional preallocated outputs (shapes and dtypes as returned; ``out`` may have
         any strides with a contiguous last dim, ``lse`` must be contiguous).
+    algorithm : "fa2" (default) or "fa1": FlashAttention-1's loop order (K/V outer, Q inner,
+        O/l/m round-tripping through HBM), for study and comparison; same outputs.
+    verbose : print the launch plan (block sizes and how they were chosen).
 
     Returns
     -------
@@ -175,11 +179,19 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
             return out, lse
         q, k, v = (_aligned(cupy, x) for x in (q, k, v))
         HD = _plan.head_dim_bucket(d)
+        if algorithm == "fa1":
+            _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose)
+            return out, lse
+        if algorithm != "fa2":
+            raise ValueError(f"algorithm must be 'fa2' or 'fa1', got {algorithm!r}")
         cfg = _config or _plan.forward_config(HD, causal, _max_smem(cupy, device_id))
         kernel = _loader.get_kernel(
             _plan.FORWARD_FILE, _plan.forward_kernel_name(_dtype_name(q.dtype), cfg, causal))
         _set_smem(kernel, cfg.smem_bytes)
         grid = ((seqlen_q + cfg.B_r - 1) // cfg.B_r, nheads, batch)
+        if verbose:
+            print(f"FA2 plan: B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.nwarps} warps, grid "
+                  f"{grid} (row blocks, heads, batch), {cfg.smem_bytes} bytes of shared memory")
         kernel(grid, (cfg.threads,),
                (q, k, v, out, lse,
                 np.int32(seqlen_q), np.int32(seqlen_k), np.int32(d),
@@ -190,8 +202,35 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
     return out, lse
 
 
+def _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose):
+    """FlashAttention-1 (kernels/fa1_forward.cu): one thread block per (head, batch); O, l, m
+    live in HBM (O as a float32 workspace) between inner steps."""
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    cfg = _plan.fa1_config(HD, _max_smem(cupy, device_id))
+    if verbose:
+        print(cfg.describe(seqlen_q, seqlen_k))
+    dtype_name = _dtype_name(q.dtype)
+    O = cupy.zeros((batch, nheads, seqlen_q, d), dtype=cupy.float32)     # O_i = 0
+    l = cupy.zeros((batch, nheads, seqlen_q), dtype=cupy.float32)        # l_i = 0
+    m = cupy.full((batch, nheads, seqlen_q), -np.inf, dtype=cupy.float32)  # m_i = -inf
+    kernel = _loader.get_kernel(_plan.FA1_FILE, _plan.fa1_kernel_name(dtype_name, cfg, causal))
+    _set_smem(kernel, cfg.smem_bytes)
+    kernel((nheads, batch), (cfg.threads,),
+           (q, k, v, O, l, m, np.int32(seqlen_q), np.int32(seqlen_k), np.int32(d),
+            np.int32(nheads // nheads_k), *_strides(q), *_strides(k), *_strides(v),
+            np.float32(scale), np.float32(scale * math.log2(math.e))),
+           shared_mem=cfg.smem_bytes)
+    target = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
+    fin = _loader.get_kernel(_plan.FA1_FILE, _plan.fa1_finalize_name(dtype_name))
+    fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), (128,),
+        (O, l, m, target, lse, np.int32(seqlen_q), np.int32(d)))
+    if target is not out:
+        out[...] = target
+
+
 def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, True),
-               backward: bool = True, max_workers: int = 8) -> int:
+               backward: bool = True, fa1: bool = False, max_workers: int = 8) -> int:
     """Compile (or load from CuPy's cache) the kernels for the current device ahead of time,
     in parallel. Returns how many specialisations were prepared."""
     from concurrent.futures import ThreadPoolExecutor
@@ -217,6 +256,13 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
                     continue
                 names += [(_plan.BACKWARD_FILE, _plan.backward_kernel_name(dt, cfg, c))
                           for c in causal]
+
+    if fa1:
+        for dt in dtypes:
+            names.append((_plan.FA1_FILE, _plan.fa1_finalize_name(dt)))
+            names += [(_plan.FA1_FILE,
+                       _plan.fa1_kernel_name(dt, _plan.fa1_config(HD, max_smem), c))
+                      for HD in buckets for c in causal]
 
     def build(item):
         with cupy.cuda.Device(device_id):

@@ -80,6 +80,70 @@ def forward_kernel_name(dtype_name: str, cfg: ForwardConfig, causal: bool) -> st
 
 FORWARD_FILE = "fa2_forward.cu"
 BACKWARD_FILE = "fa2_backward.cu"
+FA1_FILE = "fa1_forward.cu"
+
+# ---- FlashAttention-1 forward ------------------------------------------------------------------
+# Shared memory per block of the GPU classes cuflash plans for (sm_86/89/120, sm_80, sm_90).
+SMEM_CLASSES = (99 * 1024, 163 * 1024, 227 * 1024)
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(1, x).bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class FA1Config:
+    """Block sizes of the FA1 forward, from the seed: B_c = ceil(M / 4d), B_r = min(B_c, d),
+    with M the 16-bit elements a thread block may keep on chip; then rounded down to a power
+    of two in [16, 128] (tensor-core tiles; B_c capped where S would spill registers)."""
+    HD: int
+    B_r: int
+    B_c: int
+    M: int         # on-chip elements (shared memory bytes / 2)
+    B_c_seed: int  # ceil(M / 4d)
+    B_r_seed: int  # min(B_c_seed, d)
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.B_r // 16)
+
+    @property
+    def smem_bytes(self) -> int:
+        return 2 * (self.B_r + 2 * self.B_c) * self.HD  # Q_i, K_j, V_j
+
+    def describe(self, seqlen_q: int, seqlen_k: int) -> str:
+        T_r, T_c = -(-seqlen_q // self.B_r), -(-seqlen_k // self.B_c)
+        return (f"FA1 plan: M = {self.M} elements on chip; B_c = ceil(M / 4d) = "
+                f"{self.B_c_seed} -> {self.B_c}, B_r = min(B_c, d) = {self.B_r_seed} -> "
+                f"{self.B_r} (d = head-dim bucket {self.HD}; rounded to tensor-core tiles); "
+                f"T_r = {T_r} row blocks, "
+                f"T_c = {T_c} column blocks; {self.threads} threads, {self.smem_bytes} bytes "
+                "of shared memory per (batch, head)")
+
+
+# Largest B_c whose S tile (B_c / 2 registers per thread) fits beside P~V (HD / 2 registers)
+# without spills, where that is below 128 (compile check, PERFORMANCE.md).
+_FA1_MAX_B_C = {192: 64, 224: 32, 256: 64}
+
+
+def fa1_config(HD: int, max_smem_bytes: int = 227 * 1024) -> FA1Config:
+    M = max_smem_bytes // 2
+    B_c_seed = -(-M // (4 * HD))                         # B_c = ceil(M / 4d)
+    B_r_seed = min(B_c_seed, HD)                         # B_r = min(B_c, d)
+    B_c = min(_FA1_MAX_B_C.get(HD, 128), max(16, _pow2_floor(B_c_seed)))
+    while 2 * (min(B_c, HD) + 2 * B_c) * HD > max_smem_bytes and B_c > 16:
+        B_c //= 2
+    B_r = max(16, _pow2_floor(min(B_c, HD)))             # B_r = min(B_c, d), on tiles
+    return FA1Config(HD, B_r, B_c, M, B_c_seed, B_r_seed)
+
+
+def fa1_kernel_name(dtype_name: str, cfg: FA1Config, causal: bool) -> str:
+    return (f"cuflash::fa1_forward<{ELEMENT_TAGS[dtype_name]}, {cfg.HD}, {cfg.B_r}, {cfg.B_c}, "
+            f"{'true' if causal else 'false'}>")
+
+
+def fa1_finalize_name(dtype_name: str) -> str:
+    return f"cuflash::fa1_finalize<{ELEMENT_TAGS[dtype_name]}>"
 
 # ---- backward ------------------------------------------------------------------------------
 # B_r = B_c = 64 always (kernels/fa2_backward.cu, BackwardTile). The buckets are coarser than
@@ -169,4 +233,10 @@ def all_specialisations() -> list[tuple[str, str]]:
                     specs.append((BACKWARD_FILE, backward_kernel_name(dtype_name, cfg, causal)))
         specs.append((BACKWARD_FILE, backward_preprocess_name(dtype_name)))
         specs.append((BACKWARD_FILE, backward_dq_name(dtype_name)))
-    return specs
+        for HD in HEAD_DIM_BUCKETS:
+            for smem in SMEM_CLASSES:  # the FA1 plan depends on the GPU's shared memory
+                for causal in (False, True):
+                    specs.append((FA1_FILE,
+                                  fa1_kernel_name(dtype_name, fa1_config(HD, smem), causal)))
+        specs.append((FA1_FILE, fa1_finalize_name(dtype_name)))
+    return list(dict.fromkeys(specs))  # unique, in order

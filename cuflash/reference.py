@@ -7,6 +7,9 @@
 * :func:`attention_backward_naive` (float64), :func:`attention_backward_naive_same_dtype`
   (the yardstick for gradients) and :func:`attention_backward_fa2_tiled`: the recompute
   backward of section 2.4.1.2 block by block, as ``kernels/fa2_backward.cu`` runs it.
+* :func:`attention_fa1_tiled`: FlashAttention-1's Algorithm 1 as ``kernels/fa1_forward.cu``
+  runs it: K/V column blocks outside, Q row blocks inside, O, l, m read and written back at
+  every inner step with the seed's rescaling.
 * :func:`attention_fa2_tiled`: the FlashAttention-2 forward loop (section 2.4.1.1) exactly as
   ``kernels/fa2_forward.cu`` runs it: row blocks of B_r, column blocks of B_c visited as
   :func:`column_blocks` says, running m and l, unscaled O~, final diag(l)^-1 and
@@ -26,7 +29,8 @@ import numpy as np
 
 __all__ = ["attention_naive", "attention_naive_same_dtype", "attention_fa2_tiled",
            "attention_backward_naive", "attention_backward_naive_same_dtype",
-           "attention_backward_fa2_tiled", "row_blocks", "block_needs_mask", "column_blocks", "visible_limit",
+           "attention_backward_fa2_tiled", "attention_fa1_tiled", "row_blocks",
+           "block_needs_mask", "column_blocks", "visible_limit",
            "causal_mask", "ColumnBlocks"]
 
 
@@ -320,3 +324,47 @@ def attention_backward_fa2_tiled(dout, q, k, v, out, lse, causal=False, softmax_
         dV[:, :, cols] = dV_j
     return ((scale * dQ).transpose(0, 2, 1, 3), _group_sum(np, dK, nheads_k),
             _group_sum(np, dV, nheads_k))
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashAttention-1 forward
+# ---------------------------------------------------------------------------------------------
+
+def attention_fa1_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=64):
+    """Algorithm 1 of FlashAttention in float64: the outer loop walks column blocks j (K_j, V_j
+    loaded once), the inner loop the row blocks i that see them; O, l and m are arrays "in
+    HBM", read and written back at every inner step. Returns (O, L) like attention_naive."""
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k = k.shape[1]
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    Q, K, V = (_heads_to_front(x, nheads) for x in (q, k, v))
+    visible = causal_mask(seqlen_q, seqlen_k, causal)
+    O = np.zeros((batch, nheads, seqlen_q, d))          # O = 0 in HBM
+    l = np.zeros((batch, nheads, seqlen_q))             # l = 0
+    m = np.full((batch, nheads, seqlen_q), -np.inf)     # m = -inf
+    for j in range(-(-seqlen_k // B_c)):                # outer loop: K_j, V_j on chip
+        cols = slice(j * B_c, min((j + 1) * B_c, seqlen_k))
+        K_j, V_j = K[:, :, cols], V[:, :, cols]
+        begin, end = row_blocks(j, B_r, B_c, seqlen_q, seqlen_k, causal)
+        for i in range(begin, end):                     # inner loop: Q_i, O_i, l_i, m_i
+            rows = slice(i * B_r, min((i + 1) * B_r, seqlen_q))
+            S_ij = scale * (Q[:, :, rows] @ K_j.transpose(0, 1, 3, 2))      # S_ij = Q_i K_j^T
+            if block_needs_mask(i, j, B_r, B_c, seqlen_q, seqlen_k, causal):
+                S_ij = np.where(visible[rows, cols], S_ij, -np.inf)
+            m_t = S_ij.max(axis=-1)                                        # m~ = rowmax(S)
+            m_t_safe = np.where(np.isneginf(m_t), 0.0, m_t)
+            P_t = np.exp(S_ij - m_t_safe[..., None])                       # P~ = e^(S - m~)
+            l_t = P_t.sum(axis=-1)                                         # l~ = rowsum(P~)
+            m_i, l_i, O_i = m[:, :, rows], l[:, :, rows], O[:, :, rows]   # read from HBM
+            m_new = np.maximum(m_i, m_t)                                   # m_new
+            m_safe = np.where(np.isneginf(m_new), 0.0, m_new)
+            alpha = l_i * np.exp(m_i - m_safe)                             # l_i e^(m_i - m_new)
+            beta = np.exp(m_t - m_safe)                                    # e^(m~ - m_new)
+            l_new = alpha + beta * l_t                                     # l_new
+            inv = np.divide(1.0, l_new, out=np.zeros_like(l_new), where=l_new > 0)
+            O[:, :, rows] = inv[..., None] * (alpha[..., None] * O_i       # O_i = diag(l_new)^-1
+                                              + beta[..., None] * (P_t @ V_j))  # (...)
+            l[:, :, rows], m[:, :, rows] = l_new, m_new                    # write back to HBM
+    with np.errstate(divide="ignore"):
+        L = np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf)
+    return O.transpose(0, 2, 1, 3), L

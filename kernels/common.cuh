@@ -76,6 +76,7 @@ typedef unsigned short elem_t;  // storage of one fp16 / bf16 value
 
 struct alignas(16) Chunk16 { unsigned x, y, z, w; };  // one 16-byte vector: 8 elements
 struct alignas(16) Float4 { float x, y, z, w; };      // one 16-byte vector of floats
+struct alignas(8) Float2 { float x, y; };
 
 // ---------------------------------------------------------------------------------------------
 // Shared memory: addresses and the swizzle

@@ -28,7 +28,7 @@ HEADS = [(4, 4), (4, 2), (6, 1), (2, 2)]  # (nheads, nheads_k): MHA, GQA, MQA
 @pytest.fixture(scope="module", autouse=True)
 def warm_kernels():
     """Compile every specialisation once, in parallel (NVRTC), before the timed tests."""
-    cuflash.precompile()
+    cuflash.precompile(fa1=True)
 
 
 def make_qkv(shape_q, shape_k, dtype, strided, scale_q=1.0, scale_kv=1.0):
@@ -42,12 +42,12 @@ def make_qkv(shape_q, shape_k, dtype, strided, scale_q=1.0, scale_kv=1.0):
     return one(shape_q, scale_q), one(shape_k, scale_kv), one(shape_k, scale_kv)
 
 
-def run_and_check(q, k, v, causal, softmax_scale=None, factor=2.0):
+def run_and_check(q, k, v, causal, softmax_scale=None, factor=2.0, algorithm="fa2"):
     b, sq, h, d = q.shape
     out = poisoned(cp, q.shape, q.dtype)
     lse = poisoned(cp, (b, h, sq), cp.float32)
     out2, lse2 = cuflash.forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                 out=out, lse=lse)
+                                 out=out, lse=lse, algorithm=algorithm)
     assert out2 is out and lse2 is lse
     O_ref, L_ref = reference.attention_naive(q, k, v, causal, softmax_scale)
     naive = naive_same_dtype(cp, q, k, v, causal, softmax_scale)
@@ -75,6 +75,38 @@ def _cases():
 def test_forward_accuracy_grid(d, dt, causal, batch, sq, sk, h, hk, strided):
     q, k, v = make_qkv((batch, sq, h, d), (batch, sk, hk, d), DTYPES[dt], strided)
     run_and_check(q, k, v, causal)
+
+
+@pytest.mark.parametrize(
+    "d,dt,causal,batch,sq,sk,h,hk,strided", _cases(),
+    ids=lambda x: str(x))
+def test_fa1_forward_accuracy_grid(d, dt, causal, batch, sq, sk, h, hk, strided):
+    """FlashAttention-1 (algorithm="fa1") under the same rule and the same grid."""
+    q, k, v = make_qkv((batch, sq, h, d), (batch, sk, hk, d), DTYPES[dt], strided)
+    run_and_check(q, k, v, causal, algorithm="fa1")
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa1_issue_size_large_inputs_and_masked_rows(dt, causal):
+    q, k, v = make_qkv((2, 2048, 16, 128), (2, 2048, 16, 128), DTYPES[dt], False)
+    run_and_check(q, k, v, causal, algorithm="fa1")
+    q, k, v = make_qkv((2, 517, 4, 64), (2, 517, 2, 64), DTYPES[dt], True, 5.0, 3.0)
+    out, lse, _ = run_and_check(q, k, v, causal, algorithm="fa1")
+    assert bool(cp.isfinite(lse).all())
+    q, k, v = make_qkv((2, 300, 4, 64), (2, 100, 4, 64), DTYPES[dt], False)
+    out, lse, _ = run_and_check(q, k, v, causal, algorithm="fa1")
+    if causal:  # rows 0..199 see no key
+        assert bool((out[:, :200] == 0).all()) and bool(cp.isneginf(lse[:, :, :200]).all())
+
+
+def test_fa1_verbose_prints_the_plan(capsys):
+    q, k, v = make_qkv((1, 300, 2, 128), (1, 300, 2, 128), np.float16, False)
+    cuflash.forward(q, k, v, algorithm="fa1", verbose=True)
+    printed = capsys.readouterr().out
+    assert "FA1 plan" in printed and "B_c = ceil(M / 4d)" in printed
+    with pytest.raises(ValueError, match="algorithm"):
+        cuflash.forward(q, k, v, algorithm="fa3")
 
 
 @pytest.mark.parametrize("dt", DTYPES)

@@ -66,7 +66,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}_q{}_k{}_h{}_hk{}_d{}_Br{}_Bc{}".format(*c))
+@pytest.mark.parametrize("case", CASES,
+                         ids=lambda c: "b{}_q{}_k{}_h{}_hk{}_d{}_Br{}_Bc{}".format(*c))
 def test_fa2_tiled_equals_naive(case, causal):
     b, sq, sk, h, hk, d, B_r, B_c = case
     rng = np.random.default_rng(sum(case))
@@ -194,3 +195,30 @@ def test_same_dtype_references_are_close_but_not_exact():
         for a, b in zip(exact, low):
             assert b.dtype == dt
             assert lo < np.abs(b.astype(np.float64) - a).max() < hi
+
+
+# ---- FlashAttention-1 ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", CASES,
+                         ids=lambda c: "b{}_q{}_k{}_h{}_hk{}_d{}_Br{}_Bc{}".format(*c))
+def test_fa1_tiled_equals_naive(case, causal):
+    b, sq, sk, h, hk, d, B_r, B_c = case
+    rng = np.random.default_rng(sum(case) + 2)
+    q, k, v = _rand(rng, b, sq, h, d), _rand(rng, b, sk, hk, d), _rand(rng, b, sk, hk, d)
+    O, L = ref.attention_naive(q, k, v, causal)
+    O1, L1 = ref.attention_fa1_tiled(q, k, v, causal, B_r=B_r, B_c=B_c)
+    _assert_same(O, L, O1, L1, 1e-12)
+
+
+def test_fa1_block_sizes_follow_the_seed():
+    from cuflash import _plan
+    cfg = _plan.fa1_config(128, 227 * 1024)      # H100/H200: M = 116224 elements
+    assert cfg.B_c_seed == -(-116224 // (4 * 128)) == 227 and cfg.B_r_seed == 128
+    assert (cfg.B_r, cfg.B_c) == (128, 128)      # rounded to tensor-core tiles
+    cfg = _plan.fa1_config(64, 99 * 1024)
+    assert cfg.B_c_seed == -(-50688 // 256) and cfg.B_r_seed == 64 and cfg.B_r == 64
+    for HD in _plan.HEAD_DIM_BUCKETS:
+        for smem in _plan.SMEM_CLASSES:
+            c = _plan.fa1_config(HD, smem)
+            assert c.smem_bytes <= smem and c.B_r <= min(c.B_c, HD) and c.B_r % 16 == 0

@@ -1,0 +1,231 @@
+// fa1_forward.cu: FlashAttention-1 forward (Algorithm 1 of the FlashAttention paper, as the
+// seed document's section 1.4 lays it out), on the same tensor-core primitives as the FA2
+// kernels so that comparing the two measures the algorithm, not the instructions.
+//
+//   one thread block per (head, batch)                       FA1 parallelises over b and h only
+//   for each column block j:                                 outer loop
+//       K_j, V_j: HBM -> shared memory, once
+//       for each row block i that sees column block j:       inner loop
+//           Q_i: HBM -> shared memory;  O_i, l_i, m_i: read from HBM
+//           S_ij    = Q_i K_j^T
+//           m~_ij   = rowmax(S_ij),  P~_ij = exp(S_ij - m~_ij),  l~_ij = rowsum(P~_ij)
+//           m_new   = max(m_i, m~_ij)
+//           l_new   = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
+//           O_i     = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j)
+//           O_i, l_new, m_new: written back to HBM
+//
+// O_i stays normalised after every step (FA2 instead keeps O~ unscaled and divides once), and
+// O, l, m make a round trip through HBM at every inner step (FA2 keeps them in registers).
+// O lives in a float32 workspace (batch, heads, seqlen_q, d) so that the repeated rescaling
+// does not also round to 16 bits at every step; fa1_finalize casts it and writes L = m + log l.
+// Causal: row blocks entirely above the diagonal of column block j are skipped, the mask is
+// applied only on blocks that cross it (block_range.cuh, shared with the FA2 kernels).
+//
+// Block sizes follow the seed: B_c = ceil(M / 4d), B_r = min(B_c, d), M the shared memory a
+// thread block may use (cuflash/_plan.py, fa1_config), rounded to tensor-core tiles. Each of
+// the B_r / 16 warps owns 16 rows of Q_i, O_i, l_i, m_i.
+#include "common.cuh"
+#include "block_range.cuh"
+
+namespace cuflash {
+
+template <typename T, int HD, int B_r, int B_c, bool CAUSAL>
+__global__ void __launch_bounds__(B_r / 16 * 32, 1)
+fa1_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
+            const elem_t* __restrict__ V, float* __restrict__ O, float* __restrict__ l,
+            float* __restrict__ m, int seqlen_q, int seqlen_k, int d, int group,
+            long long q_stride_b, long long q_stride_s, long long q_stride_h,
+            long long k_stride_b, long long k_stride_s, long long k_stride_h,
+            long long v_stride_b, long long v_stride_s, long long v_stride_h,
+            float softmax_scale, float scale_log2) {
+    constexpr int NWARPS = B_r / 16, NTHREADS = NWARPS * 32;
+    constexpr int NT_S = B_c / 8, NT_O = HD / 8;
+    static_assert(B_r % 16 == 0 && B_c % 16 == 0 && HD % 32 == 0, "tensor-core tiles");
+
+    extern __shared__ __attribute__((aligned(128))) elem_t smem[];
+    elem_t* sQ = smem;           // (B_r, HD)  Q_i
+    elem_t* sK = sQ + B_r * HD;  // (B_c, HD)  K_j
+    elem_t* sV = sK + B_c * HD;  // (B_c, HD)  V_j
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int head = blockIdx.x, batch = blockIdx.y, nheads = gridDim.x;
+    const int head_k = head / group;
+    const int chunks = d / 8;
+    const elem_t* q = Q + batch * q_stride_b + head * q_stride_h;
+    const elem_t* k = K + batch * k_stride_b + head_k * k_stride_h;
+    const elem_t* v = V + batch * v_stride_b + head_k * v_stride_h;
+    const long long bh = (long long)batch * nheads + head;
+    float* o_hbm = O + bh * seqlen_q * d;  // O, l, m of this (batch, head) in HBM
+    float* l_hbm = l + bh * seqlen_q;
+    float* m_hbm = m + bh * seqlen_q;
+
+    const SwizzledReader<HD> readQ(smem_u32(sQ) + warp * 16 * HD * 2, lane_row_rows_first(lane),
+                                   lane_chunk_rows_first(lane));
+    const SwizzledReader<HD> readK(smem_u32(sK), lane_row_chunks_first(lane),
+                                   lane_chunk_chunks_first(lane));
+    const SwizzledReader<HD> readV(smem_u32(sV), lane_row_rows_first(lane),
+                                   lane_chunk_rows_first(lane));
+
+    const int T_c = (seqlen_k + B_c - 1) / B_c;
+    for (int j = 0; j < T_c; ++j) {  // ---- outer loop: column blocks --------------------------
+        const int col0 = j * B_c;
+        __syncthreads();  // every warp is done with K_{j-1}, V_{j-1}
+        load_tile_async<B_c, HD, NTHREADS>(sK, k + col0 * k_stride_s, k_stride_s,
+                                           seqlen_k - col0, chunks, tid);
+        load_tile_async<B_c, HD, NTHREADS>(sV, v + col0 * v_stride_s, v_stride_s,
+                                           seqlen_k - col0, chunks, tid);
+        cp_async_commit();
+        const RowBlocks rb = row_blocks<B_r, B_c, CAUSAL>(j, seqlen_q, seqlen_k);
+
+        for (int i = rb.begin; i < rb.end; ++i) {  // ---- inner loop: row blocks ------------
+            const int row0 = i * B_r;
+            __syncthreads();  // every warp is done with Q_{i-1}
+            load_tile_async<B_r, HD, NTHREADS>(sQ, q + row0 * q_stride_s, q_stride_s,
+                                               seqlen_q - row0, chunks, tid);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();  // Q_i (and K_j, V_j) are in shared memory
+
+            // S_ij = Q_i K_j^T: (16 x B_c) per warp.
+            float s[NT_S][4];
+#pragma unroll
+            for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; ++kk) {
+                unsigned a[4];
+                ldmatrix_x4(a, readQ.at(0, 2 * kk));
+#pragma unroll
+                for (int nt2 = 0; nt2 < NT_S / 2; ++nt2) {
+                    unsigned b[4];
+                    ldmatrix_x4(b, readK.at(nt2 * 16, 2 * kk));
+                    T::mma(s[2 * nt2], a, b[0], b[1]);
+                    T::mma(s[2 * nt2 + 1], a, b[2], b[3]);
+                }
+            }
+            if (block_needs_mask<B_r, B_c, CAUSAL>(i, j, seqlen_q, seqlen_k)) {
+#pragma unroll
+                for (int e2 = 0; e2 < 2; ++e2) {
+                    const int row = row0 + warp * 16 + lane / 4 + e2 * 8;
+                    const int limit = visible_limit<CAUSAL>(row, seqlen_q, seqlen_k) - col0 -
+                                      (lane % 4) * 2;
+#pragma unroll
+                    for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+                        for (int e1 = 0; e1 < 2; ++e1)
+                            if (nt * 8 + e1 > limit) s[nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
+                }
+            }
+
+            // m~_ij = rowmax(S_ij) (scaled, natural units), P~_ij = exp(S_ij - m~_ij),
+            // l~_ij = rowsum(P~_ij).
+            float m_tilde[2], l_tilde[2];
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2) {
+                float mx = CUFLASH_NEG_INF;
+#pragma unroll
+                for (int nt = 0; nt < NT_S; ++nt)
+                    mx = fmaxf(mx, fmaxf(s[nt][e2 * 2], s[nt][e2 * 2 + 1]));
+                mx = quad_max(mx);
+                const float mx_log2 = mx == CUFLASH_NEG_INF ? 0.f : mx * scale_log2;
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+                    for (int e1 = 0; e1 < 2; ++e1) {
+                        float& x = s[nt][e2 * 2 + e1];
+                        x = exp2_approx(fmaf(x, scale_log2, -mx_log2));
+                        sum += x;
+                    }
+                m_tilde[e2] = mx == CUFLASH_NEG_INF ? CUFLASH_NEG_INF : mx * softmax_scale;
+                l_tilde[e2] = quad_sum(sum);
+            }
+
+            // P~_ij V_j: (16 x HD) per warp, P~ from registers as the A operand.
+            float pv[NT_O][4];
+#pragma unroll
+            for (int nt = 0; nt < NT_O; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) pv[nt][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < B_c / 16; ++kk) {
+                unsigned p[4];
+                p[0] = T::pack(s[2 * kk][0], s[2 * kk][1]);
+                p[1] = T::pack(s[2 * kk][2], s[2 * kk][3]);
+                p[2] = T::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                p[3] = T::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+                for (int nd2 = 0; nd2 < NT_O / 2; ++nd2) {
+                    unsigned b[4];
+                    ldmatrix_x4_trans(b, readV.at(kk * 16, nd2 * 2));
+                    T::mma(pv[2 * nd2], p, b[0], b[1]);
+                    T::mma(pv[2 * nd2 + 1], p, b[2], b[3]);
+                }
+            }
+
+            // The HBM round trip: read O_i, l_i, m_i, rescale, write them back.
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2) {
+                const int row = row0 + warp * 16 + lane / 4 + e2 * 8;
+                const bool valid = row < seqlen_q;
+                const float m_i = valid ? m_hbm[row] : CUFLASH_NEG_INF;
+                const float l_i = valid ? l_hbm[row] : 0.f;
+                const float m_new = fmaxf(m_i, m_tilde[e2]);
+                const float m_safe = m_new == CUFLASH_NEG_INF ? 0.f : m_new;
+                const float alpha = l_i * __expf(m_i - m_safe);         // l_i e^(m_i - m_new)
+                const float beta = __expf(m_tilde[e2] - m_safe);        // e^(m~_ij - m_new)
+                const float l_new = alpha + beta * l_tilde[e2];
+                const float inv = l_new > 0.f ? 1.f / l_new : 0.f;
+                __syncwarp();  // every lane of the quad has read l_i, m_i before lane 0 writes
+                if (!valid) continue;
+                float* o_row = o_hbm + (long long)row * d + (lane % 4) * 2;
+#pragma unroll
+                for (int nt = 0; nt < NT_O; ++nt) {
+                    if (nt * 8 >= d) break;
+                    Float2 o = *reinterpret_cast<Float2*>(o_row + nt * 8);
+                    o.x = inv * (alpha * o.x + beta * pv[nt][e2 * 2]);
+                    o.y = inv * (alpha * o.y + beta * pv[nt][e2 * 2 + 1]);
+                    *reinterpret_cast<Float2*>(o_row + nt * 8) = o;
+                }
+                if (lane % 4 == 0) {
+                    m_hbm[row] = m_new;
+                    l_hbm[row] = l_new;
+                }
+            }
+        }
+    }
+}
+
+// out = O (input dtype, (batch, seqlen_q, heads, d) contiguous), L = m + log l (-inf where
+// l = 0: the row saw no key). One thread per 8 elements of O; grid (ceil(seqlen_q * d / 8 /
+// 128), heads, batch).
+template <typename T>
+__global__ void __launch_bounds__(128)
+fa1_finalize(const float* __restrict__ O, const float* __restrict__ l,
+             const float* __restrict__ m, elem_t* __restrict__ out, float* __restrict__ L,
+             int seqlen_q, int d) {
+    const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
+    const int chunks = d / 8;
+    const long long idx = (long long)blockIdx.x * 128 + threadIdx.x;
+    if (idx >= (long long)seqlen_q * chunks) return;
+    const int row = idx / chunks, c = idx % chunks;
+    const long long bh = (long long)batch * nheads + head;
+    const float* src = O + (bh * seqlen_q + row) * d + c * 8;
+    const Float4 lo = *reinterpret_cast<const Float4*>(src);
+    const Float4 hi = *reinterpret_cast<const Float4*>(src + 4);
+    Chunk16 packed;
+    packed.x = T::pack(lo.x, lo.y);
+    packed.y = T::pack(lo.z, lo.w);
+    packed.z = T::pack(hi.x, hi.y);
+    packed.w = T::pack(hi.z, hi.w);
+    *reinterpret_cast<Chunk16*>(out + (((long long)batch * seqlen_q + row) * nheads + head) * d +
+                                c * 8) = packed;
+    if (c == 0) {
+        const float l_row = l[bh * seqlen_q + row];
+        L[bh * seqlen_q + row] = l_row > 0.f ? m[bh * seqlen_q + row] + logf(l_row)
+                                             : CUFLASH_NEG_INF;
+    }
+}
+
+}  // namespace cuflash
