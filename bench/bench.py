@@ -1,15 +1,23 @@
-"""Attention speed, side by side in one run on one GPU.
+"""Attention speed and memory, side by side in one run on one GPU.
 
-    python bench/bench.py                        # forward at the issues' point: bf16, d 128,
-                                                 # batch 4, 16 heads, seqlen 4096
+    python bench/bench.py                          # one point: forward, bf16, d 128, batch 4,
+                                                   # 16 heads, seqlen 4096 (the issues' point)
     python bench/bench.py --pass bwd --causal --json bench/results/x.json
-    python bench/bench.py --configs 128x32x4,64x64x4   # cuflash forward tile shapes to try
+    python bench/bench.py --grid --json bench/results/grid.json     # the standard grid
+    python bench/bench.py --grid --dtypes bf16 --headdims 128 --seqlens 1024,4096 --passes fwd
+    python bench/bench.py --configs 128x32x4,64x64x4                 # FA2 forward tile shapes
 
-Providers: cuflash (FA2 kernels; the backward also with deterministic=True), naive CuPy in the
-same dtype (S and P materialised; forward only), and, when torch is importable, torch SDPA
-with the FLASH_ATTENTION (FlashAttention-2's kernels) and CUDNN_ATTENTION backends.
-FLOPs: forward 4 * b * h * n^2 * d, halved when causal; backward 2.5x the forward's.
-Times: CUDA events, median of --reps runs after warm-up (compilation excluded).
+Providers (--providers): cuflash (FA2), cuflash-fa1 (FlashAttention-1 loop order, forward
+only), naive (CuPy in the same dtype, S and P materialised; forward only), and, when torch is
+importable, torch-flash (SDPA FLASH_ATTENTION: FlashAttention-2's kernels) and torch-cudnn
+(SDPA CUDNN_ATTENTION). The backward also times cuflash with deterministic=True.
+
+The standard grid (shared/guides/benchmarking.md): batch * seqlen = 16384 tokens, heads * d =
+2048, seqlen 512..16384, d 64 and 128, causal off and on, fp16 and bf16, forward and backward.
+FLOPs: forward 4 * b * h * n^2 * d, halved when causal; backward 2.5x the forward's. Times:
+CUDA events, median of --reps runs after warm-up (compilation excluded). Memory: the peak
+device memory a call allocates beyond its inputs. bench/plot.py and bench/claims.py turn the
+JSON into the figure and the seed-claims report.
 """
 
 from __future__ import annotations
@@ -20,11 +28,19 @@ import json
 import math
 import platform
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+ALL_PROVIDERS = "cuflash,cuflash-fa1,naive,torch-flash,torch-cudnn"
+
+# cuBLAS data types (cudaDataType) and compute type, for gemmStridedBatchedEx.
+_CUDA_R = {"float16": 2, "bfloat16": 14}
+_CUBLAS_COMPUTE_32F = 68
+_CUBLAS_GEMM_DEFAULT = -1
 
 
 def median_ms(cp, fn, warmup, reps):
@@ -39,12 +55,6 @@ def median_ms(cp, fn, warmup, reps):
         end.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, end))
     return float(np.median(times))
-
-
-# cuBLAS data types (cudaDataType) and compute type, for gemmStridedBatchedEx.
-_CUDA_R = {"float16": 2, "bfloat16": 14}
-_CUBLAS_COMPUTE_32F = 68
-_CUBLAS_GEMM_DEFAULT = -1
 
 
 def _gemm_rowmajor(cp, A, B, C, transpose_b):
@@ -85,6 +95,150 @@ def naive_cupy(cp, q, k, v, causal, scale):
     return _gemm_rowmajor(cp, P, v, cp.empty((BH, n_q, d), q.dtype), transpose_b=False)
 
 
+def gemm_ceiling(cp, dtype, n=8192, reps=10):
+    """TFLOP/s of one n^3 16-bit GEMM through cuBLAS, measured in this run."""
+    a = cp.random.standard_normal((1, n, n), dtype=cp.float32).astype(dtype)
+    b = cp.random.standard_normal((1, n, n), dtype=cp.float32).astype(dtype)
+    c = cp.empty((1, n, n), dtype)
+    ms = median_ms(cp, lambda: _gemm_rowmajor(cp, a, b, c, False), 3, reps)
+    return 2 * n ** 3 / ms / 1e9
+
+
+class Point:
+    """One problem: inputs for every provider, timed and measured on demand."""
+
+    def __init__(self, cp, dtype_name, b, h, n, d, causal, which):
+        import ml_dtypes
+        self.cp, self.which = cp, which
+        self.dtype_name, self.b, self.h, self.n, self.d, self.causal = (
+            dtype_name, b, h, n, d, causal)
+        self.dtype = ml_dtypes.bfloat16 if dtype_name == "bf16" else np.float16
+        self.scale = 1.0 / math.sqrt(d)
+        fwd_flops = 4 * b * h * n * n * d / (2 if causal else 1)
+        self.flops = fwd_flops * (2.5 if which == "bwd" else 1)
+
+    def inputs(self):
+        cp = self.cp
+        return [cp.random.standard_normal((self.b, self.n, self.h, self.d),
+                                          dtype=cp.float32).astype(self.dtype)
+                for _ in range(4 if self.which == "bwd" else 3)]
+
+    def callables(self, provider, cfg=None):
+        """{label: fn} for a provider at this point (empty if it does not apply)."""
+        import cuflash
+        cp, causal = self.cp, self.causal
+        if provider == "cuflash" and self.which == "fwd":
+            q, k, v = self.inputs()
+            return {"cuflash" if cfg is None else f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w":
+                    lambda: cuflash.forward(q, k, v, causal=causal, _config=cfg)}
+        if provider == "cuflash" and self.which == "bwd":
+            q, k, v, dout = self.inputs()
+            out, lse = cuflash.forward(q, k, v, causal=causal)
+            return {label: (lambda det=det: cuflash.backward(
+                        dout, q, k, v, out, lse, causal=causal, deterministic=det))
+                    for label, det in (("cuflash", False), ("cuflash deterministic", True))}
+        if provider == "cuflash-fa1" and self.which == "fwd":
+            q, k, v = self.inputs()
+            return {"cuflash-fa1": lambda: cuflash.forward(q, k, v, causal=causal,
+                                                           algorithm="fa1")}
+        if provider == "naive" and self.which == "fwd":
+            b, n, h, d = self.b, self.n, self.h, self.d
+            need = b * h * n * n * 14  # S (16-bit) + two float32 copies + P (16-bit)
+            free = cp.cuda.runtime.memGetInfo()[0]
+            if need > 0.6 * free:
+                raise MemoryError(f"skipped: S and P need ~{need / 2**30:.0f} GiB "
+                                  f"({free / 2**30:.0f} GiB free)")
+            qh, kh, vh = (x.transpose(0, 2, 1, 3).reshape(b * h, n, d) for x in self.inputs())
+            return {"naive": lambda: naive_cupy(cp, qh, kh, vh, causal, self.scale)}
+        if provider.startswith("torch-"):
+            return self._torch(provider)
+        return {}
+
+    def _torch(self, provider):
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = {"torch-flash": SDPBackend.FLASH_ATTENTION,
+                   "torch-cudnn": SDPBackend.CUDNN_ATTENTION}[provider]
+        tdt = torch.bfloat16 if self.dtype_name == "bf16" else torch.float16
+        grad = self.which == "bwd"
+        tq, tk, tv = (torch.randn(self.b, self.h, self.n, self.d, device="cuda", dtype=tdt,
+                                  requires_grad=grad) for _ in range(3))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        if not grad:
+            def fn():
+                with sdpa_kernel(backend), torch.no_grad():
+                    sdpa(tq, tk, tv, is_causal=self.causal)
+            return {provider: fn}
+        tdo = torch.randn_like(tq)
+        with sdpa_kernel(backend):
+            to = sdpa(tq, tk, tv, is_causal=self.causal)
+        return {provider: lambda: torch.autograd.grad(to, (tq, tk, tv), tdo, retain_graph=True)}
+
+    def peak_extra_bytes(self, provider, fn):
+        """Device memory a call allocates beyond what exists before it (CuPy's pool for the
+        CuPy providers, torch's allocator for torch)."""
+        if provider.startswith("torch-"):
+            import torch
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            fn()
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() - base
+        pool = self.cp.get_default_memory_pool()
+        self.cp.cuda.Device().synchronize()
+        pool.free_all_blocks()
+        base = pool.total_bytes()
+        fn()
+        self.cp.cuda.Device().synchronize()
+        return pool.total_bytes() - base
+
+
+def run_point(cp, point, providers, reps, warmup, configs=None, measure_memory=False,
+              log=print):
+    rows = []
+    def new_row(label):
+        return dict(provider=label, dtype=point.dtype_name, batch=point.b, heads=point.h,
+                    seqlen=point.n, headdim=point.d, causal=point.causal, which=point.which)
+
+    for provider in providers:
+        try:
+            fns = point.callables(provider, None) if not configs or provider != "cuflash" \
+                else {k: v for cfg in configs for k, v in point.callables(provider, cfg).items()}
+        except Exception as exc:  # e.g. the naive attention would not fit: say so, go on
+            row = new_row(provider)
+            row.update(ms=None, tflops=None, error=f"{type(exc).__name__}: {str(exc)[:160]}")
+            rows.append(row)
+            log(row)
+            continue
+        for label, fn in fns.items():
+            row = new_row(label)
+            try:
+                fn()  # compile and warm outside the timing
+                slow = label in ("naive", "cuflash-fa1")
+                row["ms"] = median_ms(cp, fn, 1 if slow else warmup,
+                                      max(3, reps // 5) if slow else reps)
+                row["tflops"] = point.flops / row["ms"] / 1e9
+                if measure_memory:
+                    row["extra_bytes"] = point.peak_extra_bytes(label, fn)
+            except Exception as exc:  # a provider that cannot run this point: say so
+                row["ms"], row["tflops"] = None, None
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            rows.append(row)
+            log(row)
+            del fn
+        del fns
+        cp.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def _fmt(row):
+    if row.get("ms") is None:
+        return f"  {row['provider']:<24}{'failed':>30}  {row.get('error', '')}"
+    mem = f"  {row['extra_bytes'] / 2**20:9.0f} MiB" if "extra_bytes" in row else ""
+    return f"  {row['provider']:<24}{row['ms']:9.3f} ms {row['tflops']:8.1f} TFLOP/s{mem}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
@@ -94,127 +248,99 @@ def main(argv=None) -> int:
     ap.add_argument("--headdim", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--pass", dest="which", choices=["fwd", "bwd"], default="fwd")
-    ap.add_argument("--providers", default="cuflash,naive,torch-flash,torch-cudnn")
-    ap.add_argument("--configs", default="", help="cuflash tile shapes BrxBcxWarps, comma-sep")
+    ap.add_argument("--providers", default=ALL_PROVIDERS)
+    ap.add_argument("--configs", default="", help="FA2 forward tile shapes BrxBcxWarps, ...")
+    ap.add_argument("--grid", action="store_true", help="run the standard grid")
+    ap.add_argument("--dtypes", default="fp16,bf16", help="grid: dtypes")
+    ap.add_argument("--headdims", default="64,128", help="grid: head dims")
+    ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384", help="grid: seqlens")
+    ap.add_argument("--masks", default="off,on", help="grid: causal off, on")
+    ap.add_argument("--passes", default="fwd,bwd", help="grid: fwd, bwd")
+    ap.add_argument("--tokens", type=int, default=16384, help="grid: batch * seqlen")
+    ap.add_argument("--width", type=int, default=2048, help="grid: heads * headdim")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
     import cupy as cp
-    import ml_dtypes
 
     import cuflash
     from cuflash import _plan
 
-    dtype = ml_dtypes.bfloat16 if args.dtype == "bf16" else np.float16
-    b, h, n, d, causal = args.batch, args.heads, args.seqlen, args.headdim, args.causal
-    scale = 1.0 / math.sqrt(d)
-    flops = 4 * b * h * n * n * d / (2 if causal else 1) * (2.5 if args.which == "bwd" else 1)
-    providers = args.providers.split(",")
     props = cp.cuda.runtime.getDeviceProperties(0)
-    meta = {
-        "device": props["name"].decode(), "date": datetime.datetime.now().isoformat(" ", "seconds"),
-        "command": " ".join(["python"] + sys.argv), "cupy": cp.__version__,
-        "python": platform.python_version(),
-        "problem": dict(dtype=args.dtype, batch=b, heads=h, seqlen=n, headdim=d, causal=causal,
-                        which=args.which),
-    }
-    rows = []
+    meta = {"device": props["name"].decode(),
+            "date": datetime.datetime.now().isoformat(" ", "seconds"),
+            "command": " ".join(["python"] + sys.argv), "cupy": cp.__version__,
+            "python": platform.python_version()}
+    try:
+        import torch
+        meta["torch"] = torch.__version__
+    except ImportError:
+        print("(torch not importable: torch providers skipped)")
+    providers = [p for p in args.providers.split(",")
+                 if not p.startswith("torch-") or "torch" in meta]
 
-    def record(provider, ms, note=""):
-        tf = flops / ms / 1e9 if ms else None
-        rows.append(dict(provider=provider, ms=ms, tflops=tf, note=note))
-        shown = f"{ms:9.3f} ms {tf:8.1f} TFLOP/s" if ms else f"{'-':>30}"
-        print(f"  {provider:<28}{shown}  {note}", flush=True)
-
-    print(f"{meta['device']}: {args.which} {args.dtype} b={b} h={h} n={n} d={d} causal={causal}")
-    q, k, v = (cp.random.standard_normal((b, n, h, d), dtype=cp.float32).astype(dtype)
-               for _ in range(3))
-    if "cuflash" in providers and args.which == "bwd":
-        dout = cp.random.standard_normal((b, n, h, d), dtype=cp.float32).astype(dtype)
-        out, lse = cuflash.forward(q, k, v, causal=causal)
-        for det in (False, True):
-            label = "cuflash" + (" deterministic" if det else "")
-            fn = lambda det=det: cuflash.backward(dout, q, k, v, out, lse,  # noqa: E731
-                                                  causal=causal, deterministic=det)
-            fn()
-            record(label, median_ms(cp, fn, args.warmup, args.reps))
-        del dout, out, lse
-    if "cuflash" in providers and args.which == "fwd":
-        configs = [None]
+    if not args.grid:
+        point = Point(cp, args.dtype, args.batch, args.heads, args.seqlen, args.headdim,
+                      args.causal, args.which)
+        configs = None
         if args.configs:
-            HD = _plan.head_dim_bucket(d)
+            HD = _plan.head_dim_bucket(args.headdim)
             configs = [_plan.ForwardConfig(HD, *map(int, c.split("x")))
                        for c in args.configs.split(",")]
-        for cfg in configs:
-            label = "cuflash" if cfg is None else f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w"
-            try:
-                fn = lambda: cuflash.forward(q, k, v, causal=causal, _config=cfg)  # noqa: E731
-                fn()  # compile outside the timing
-                record(label, median_ms(cp, fn, args.warmup, args.reps))
-            except Exception as exc:  # a config that does not fit: report, go on
-                record(label, None, f"failed: {type(exc).__name__}: {str(exc)[:120]}")
-    if "naive" in providers and args.which == "fwd":
-        qh, kh, vh = (x.transpose(0, 2, 1, 3).reshape(b * h, n, d) for x in (q, k, v))
-        try:
-            fn = lambda: naive_cupy(cp, qh, kh, vh, causal, scale)  # noqa: E731
-            o_naive = fn().reshape(b, h, n, d).transpose(0, 2, 1, 3)
-            o_ours, _ = cuflash.forward(q, k, v, causal=causal)
-            diff = float(cp.abs(o_naive.astype(cp.float32) - o_ours.astype(cp.float32)).max())
-            del o_naive, o_ours
-            record(f"naive cupy ({args.dtype})", median_ms(cp, fn, 2, max(3, args.reps // 5)),
-                   f"max |naive - cuflash| = {diff:.1e}")
-        except Exception as exc:
-            record(f"naive cupy ({args.dtype})", None, f"failed: {type(exc).__name__}: {exc}")
-        del qh, kh, vh
-        cp.get_default_memory_pool().free_all_blocks()
-    torch_wanted = [p for p in providers if p.startswith("torch-")]
-    if torch_wanted:
-        try:
-            import torch
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-        except ImportError:
-            print("  (torch not importable: torch providers skipped)")
-            torch_wanted = []
-        else:
-            meta["torch"] = torch.__version__
-            tdt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-            tq, tk, tv = (torch.randn(b, h, n, d, device="cuda", dtype=tdt,
-                                      requires_grad=args.which == "bwd") for _ in range(3))
-            tdo = torch.randn(b, h, n, d, device="cuda", dtype=tdt)
-            backends = {"torch-flash": SDPBackend.FLASH_ATTENTION,
-                        "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
-            for name in torch_wanted:
-                if args.which == "fwd":
-                    def fn(be=backends[name]):
-                        with sdpa_kernel(be), torch.no_grad():
-                            torch.nn.functional.scaled_dot_product_attention(
-                                tq, tk, tv, is_causal=causal)
-                else:
-                    with sdpa_kernel(backends[name]):
-                        to = torch.nn.functional.scaled_dot_product_attention(
-                            tq, tk, tv, is_causal=causal)
-
-                    def fn(to=to):
-                        torch.autograd.grad(to, (tq, tk, tv), tdo, retain_graph=True)
-                try:
-                    fn()
-                    torch.cuda.synchronize()
-                    record(name, median_ms(cp, fn, args.warmup, args.reps))
-                except Exception as exc:
-                    record(name, None, f"failed: {type(exc).__name__}: {str(exc)[:120]}")
-
-    ours = next((r for r in rows if r["provider"].startswith("cuflash") and r["ms"]), None)
-    if ours:
-        print("ratios (cuflash TFLOP/s / provider TFLOP/s):")
-        for r in rows:
-            if r["ms"] and not r["provider"].startswith("cuflash"):
-                r["cuflash_ratio"] = ours["tflops"] / r["tflops"]
-                print(f"  vs {r['provider']:<25} {r['cuflash_ratio']:6.2f}x")
-    det = next((r for r in rows if r["provider"] == "cuflash deterministic" and r["ms"]), None)
-    if ours and det:
-        print(f"deterministic backward: {det['ms'] / ours['ms']:.2f}x the time of the default")
+        print(f"{meta['device']}: {args.which} {args.dtype} b={args.batch} h={args.heads} "
+              f"n={args.seqlen} d={args.headdim} causal={args.causal}")
+        rows = run_point(cp, point, providers, args.reps, args.warmup, configs,
+                         log=lambda r: print(_fmt(r), flush=True))
+        ours = next((r for r in rows if r["provider"].startswith("cuflash") and r["ms"]), None)
+        if ours:
+            print("ratios (cuflash TFLOP/s / provider TFLOP/s):")
+            for r in rows:
+                if r["ms"] and not r["provider"].startswith("cuflash"):
+                    r["cuflash_ratio"] = ours["tflops"] / r["tflops"]
+                    print(f"  vs {r['provider']:<25} {r['cuflash_ratio']:6.2f}x")
+        det = next((r for r in rows if r["provider"] == "cuflash deterministic" and r["ms"]),
+                   None)
+        if ours and det:
+            print(f"deterministic backward: {det['ms'] / ours['ms']:.2f}x the time of the "
+                  "default")
+        meta["problem"] = dict(dtype=args.dtype, batch=args.batch, heads=args.heads,
+                               seqlen=args.seqlen, headdim=args.headdim, causal=args.causal,
+                               which=args.which)
+    else:
+        points = [(which, dt, d, n, mask == "on")
+                  for which in args.passes.split(",") for dt in args.dtypes.split(",")
+                  for d in map(int, args.headdims.split(","))
+                  for mask in args.masks.split(",") for n in map(int, args.seqlens.split(","))]
+        import ml_dtypes
+        meta["gemm_ceiling_tflops"] = {
+            dt: gemm_ceiling(cp, ml_dtypes.bfloat16 if dt == "bf16" else np.float16)
+            for dt in args.dtypes.split(",")}
+        print(f"{meta['device']}: {len(points)} grid points x providers {providers}; "
+              f"16-bit GEMM ceiling here: "
+              + ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in meta["gemm_ceiling_tflops"].items()))
+        cuflash.precompile(dtypes=[("bfloat16" if dt == "bf16" else "float16")
+                                   for dt in args.dtypes.split(",")],
+                           head_dims=[int(d) for d in args.headdims.split(",")],
+                           backward="bwd" in args.passes, fa1="cuflash-fa1" in providers)
+        rows, t0 = [], time.perf_counter()
+        for idx, (which, dt, d, n, causal) in enumerate(points):
+            b, h = args.tokens // n, args.width // d
+            done = idx / len(points)
+            elapsed = time.perf_counter() - t0
+            eta = elapsed / done * (1 - done) if done else 0
+            bar = "#" * int(30 * done)
+            print(f"[{bar:<30}] {idx + 1}/{len(points)} {which} {dt} d={d} n={n} "
+                  f"causal={causal} (elapsed {elapsed:.0f} s, eta {eta:.0f} s)", flush=True)
+            point = Point(cp, dt, b, h, n, d, causal, which)
+            rows += run_point(cp, point, providers, args.reps, args.warmup,
+                              measure_memory=which == "fwd",
+                              log=lambda r: print(_fmt(r), flush=True))
+            if args.json:  # after every point, so an interrupted run keeps what it measured
+                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        print(f"[{'#' * 30}] done in {time.perf_counter() - t0:.0f} s")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check that CI (no GPU) cannot run, in one call on a GPU machine:
-#   bash bench/gpu_check.sh [tests] [bench] [sweep] [demo]     (default: all four)
+#   bash bench/gpu_check.sh [tests] [bench] [grid] [sweep] [demo]   (default: all)
 # Logs and JSON go to $OUT (default ./gpu-logs). Runs from the working tree (PYTHONPATH=.),
 # as on the H200 test machine, where nothing can be pip-installed.
 set -uo pipefail
@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-steps=${*:-tests bench sweep demo}
+steps=${*:-tests bench grid sweep demo}
 status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 
@@ -24,6 +24,9 @@ for step in $steps; do
             --seqlen 4096 $c --json "$OUT/${p}_bf16_d128_n4096${c:+_causal}.json" || status=1
         done
       done ;;
+    grid)  # the standard grid, every provider (bench/plot.py, bench/claims.py read the JSON)
+      python3 bench/bench.py --grid --reps 20 --warmup 3 --json "$OUT/grid_h200.json" \
+        2>&1 | tee "$OUT/grid.log" | grep -E "^\[|failed" ;;
     sweep)  # tile shapes per head dim (tuning; see PERFORMANCE.md)
       python3 bench/bench.py --headdim 64 --heads 32 --providers cuflash,torch-flash \
         --configs 128x64x8,128x128x8,64x64x4,128x32x4,128x64x4 || status=1

@@ -1,0 +1,157 @@
+"""The seed document's speed and memory claims, each next to what a grid run of bench/bench.py
+measured on this GPU.
+
+    python bench/claims.py bench/results/grid_h200.json --out bench/results/seed_claims.md
+
+Every number is computed from the JSON; where a measurement falls outside the claim the report
+says so and why (the explanations name the mechanism; the numbers show it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+H100_H200_DENSE_BF16_TFLOPS = 989.4  # NVIDIA datasheet, SXM, dense (no sparsity)
+
+
+def _index(rows):
+    by = {}
+    for r in rows:
+        if r.get("ms"):
+            by[(r["provider"], r["which"], r["dtype"], r["headdim"], r["seqlen"],
+                r["causal"])] = r
+    return by
+
+
+def _span(values):
+    values = sorted(values)
+    if not values:
+        return "n/a", None
+    med = statistics.median(values)
+    return f"{med:.2f}x (range {values[0]:.2f}-{values[-1]:.2f}x over {len(values)} points)", med
+
+
+def _by_seqlen(pairs):
+    """{seqlen: [ratio...]} -> 'n=512: 1.2x, ...' (median per seqlen)."""
+    out = defaultdict(list)
+    for n, ratio in pairs:
+        out[n].append(ratio)
+    return ", ".join(f"n={n}: {statistics.median(v):.1f}x" for n, v in sorted(out.items()))
+
+
+def report(data) -> str:
+    meta, by = data["meta"], _index(data["rows"])
+    keys = [k for k in by if k[0] == "cuflash"]
+    lines = [f"# Seed claims, measured ({meta['device']}, {meta['date']})", "",
+             f"Source: `{meta['command']}`; JSON next to this file. Grid: batch x seqlen = "
+             "16k tokens, heads x d = 2048, d 64/128, fp16/bf16, causal off/on. Ratios are "
+             "medians over the grid points where both sides ran.", "",
+             "| claim (seed document) | measured | agrees? |", "| --- | --- | --- |"]
+    notes = []
+
+    # 1. FA2 vs FA1
+    pairs = [(k[4], by[k]["tflops"] / by[("cuflash-fa1",) + k[1:]]["tflops"])
+             for k in keys if k[1] == "fwd" and ("cuflash-fa1",) + k[1:] in by]
+    text, med = _span([p[1] for p in pairs])
+    ok = med is not None and 1.5 <= med <= 3
+    lines.append(f"| FlashAttention-2 is about 2x faster than FlashAttention-1 | forward "
+                 f"{text}; by seqlen: {_by_seqlen(pairs)} | {'yes' if ok else 'no'} |")
+    notes.append(
+        "**FA2 vs FA1.** Both run on the same mma.sync primitives, so the ratio measures the "
+        "algorithm: FA1 gives one thread block per (batch, head) and sends O, l, m through HBM "
+        "at every inner step; FA2 gives one per (row block, head, batch) and keeps them in "
+        "registers. The grid holds the tokens fixed, so batch x heads falls as seqlen grows "
+        "(512 -> 16 blocks at seqlen 16384, d 128): FA1 then occupies a fraction of the "
+        "GPU's SMs while FA2 still has seqlen / B_r row blocks per head. That is why the "
+        "ratio grows with seqlen instead of staying near the seed's 2x, which was measured "
+        "on A100 at shorter sequences.")
+
+    # 2. FA2 vs standard attention
+    pairs = [(k[4], by[k]["tflops"] / by[("naive",) + k[1:]]["tflops"])
+             for k in keys if k[1] == "fwd" and ("naive",) + k[1:] in by]
+    text, med = _span([p[1] for p in pairs])
+    ok = med is not None and 5 <= med <= 9
+    lines.append(f"| FA2 is 5-9x faster than standard attention | forward {text}; by seqlen: "
+                 f"{_by_seqlen(pairs)} | {'yes' if ok else 'no'} |")
+    notes.append(
+        "**FA2 vs standard attention.** The baseline materialises S and P: two cuBLAS GEMMs in "
+        "the input dtype plus CuPy's softmax passes over an N x N float32 matrix. Its time is "
+        "dominated by those memory-bound passes, whose cost grows like the FLOPs but at HBM "
+        "speed, so the ratio depends on seqlen and on how well the baseline fuses; the seed's "
+        "5-9x compares against PyTorch's own (partly fused) attention on A100. Points where "
+        "S and P would not fit in memory are skipped.")
+
+    # 3. causal speed-up
+    for which in ("fwd", "bwd"):
+        pairs = [(k[4], by[k[:5] + (False,)]["ms"] / by[k]["ms"]) for k in keys
+                 if k[1] == which and k[5] and k[:5] + (False,) in by]
+        text, med = _span([p[1] for p in pairs])
+        ok = med is not None and 1.6 <= med <= 1.9
+        lines.append(f"| causal is 1.7-1.8x faster than non-causal ({which}) | {text}; by "
+                     f"seqlen: {_by_seqlen(pairs)} | {'yes' if ok else 'no'} |")
+    notes.append(
+        "**Causal speed-up.** Skipping the blocks above the diagonal halves the FLOPs, so 2x is "
+        "the ceiling; the blocks on the diagonal are computed in full and masked, which costs "
+        "relatively more at short sequences (fewer blocks per row), and the first row blocks "
+        "have little work to hide latency. The ratio therefore approaches 2x as seqlen grows.")
+
+    # 4. memory
+    pairs = [(k[4], by[("naive",) + k[1:]]["extra_bytes"] / by[k]["extra_bytes"])
+             for k in keys if k[1] == "fwd" and ("naive",) + k[1:] in by
+             and by[k].get("extra_bytes")]
+    text, med = _span([p[1] for p in pairs])
+    ok = med is not None and 10 <= med <= 20
+    lines.append(f"| FlashAttention saves 10-20x memory over standard attention | "
+                 f"{text}; by seqlen: {_by_seqlen(pairs)} | {'yes' if ok else 'no'} |")
+    notes.append(
+        "**Memory.** Measured as the device memory a forward call allocates beyond its inputs: "
+        "cuflash allocates O and the log-sum-exp (linear in seqlen), the standard attention S "
+        "and P (quadratic). The ratio is therefore not a constant: it grows about linearly with "
+        "seqlen. The seed's 10-20x is the saving at the sequence lengths of the original "
+        "paper's experiments; at 16k tokens per batch the measured range above is what holds.")
+
+    # 5. fraction of peak
+    ceiling = meta.get("gemm_ceiling_tflops", {})
+    for which in ("fwd", "bwd"):
+        vals = [by[k]["tflops"] for k in keys if k[1] == which]
+        if not vals:
+            continue
+        best, med = max(vals), statistics.median(vals)
+        gemm = max(ceiling.values()) if ceiling else None
+        peak = H100_H200_DENSE_BF16_TFLOPS
+        lines.append(
+            f"| FA2 reaches 25-40% (FA1) / ~35% on H100 of the theoretical peak ({which}) | "
+            f"median {med:.0f}, best {best:.0f} TFLOP/s = {100 * med / peak:.0f}% / "
+            f"{100 * best / peak:.0f}% of {peak:.0f}"
+            + (f"; {100 * best / gemm:.0f}% of the {gemm:.0f} TFLOP/s cuBLAS GEMM measured in "
+               "the same run" if gemm else "") + " | "
+            + ("yes" if 0.25 <= best / peak <= 0.45 else "no") + " |")
+    notes.append(
+        "**Fraction of peak.** The H100/H200 datasheet's dense 16-bit peak (989 TFLOP/s) is "
+        "reachable only with Hopper's wgmma instructions; these kernels use the portable "
+        "mma.sync path (sm_80+), which on Hopper tops out well below it, as FlashAttention-2's "
+        "own kernels do. The seed's 35% on H100 describes exactly this situation; "
+        "FlashAttention-3 and cuDNN (see the JSON) use wgmma to go further.")
+
+    return "\n".join(lines + ["", "## Why the numbers fall where they do", ""]
+                     + [n + "\n" for n in notes])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("json")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    text = report(json.loads(Path(args.json).read_text()))
+    Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
