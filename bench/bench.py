@@ -229,6 +229,9 @@ def run_point(cp, point, providers, reps, warmup, configs=None, measure_memory=F
             del fn
         del fns
         cp.get_default_memory_pool().free_all_blocks()
+        if provider.startswith("torch-"):
+            import torch
+            torch.cuda.empty_cache()  # give torch's cached blocks back before the next point
     return rows
 
 
