@@ -69,7 +69,11 @@ def report(data) -> str:
         "(512 -> 16 blocks at seqlen 16384, d 128): FA1 then occupies a fraction of the "
         "GPU's SMs while FA2 still has seqlen / B_r row blocks per head. That is why the "
         "ratio grows with seqlen instead of staying near the seed's 2x, which was measured "
-        "on A100 at shorter sequences.")
+        "on A100 at shorter sequences. Where FA1 does fill the GPU (seqlen 512: batch x heads "
+        "= 512 or more blocks) the gap that remains is the HBM round trip itself: every inner "
+        "step reads and writes O_i (float32, B_r x d) and l_i, m_i, i.e. T_c times the "
+        "output's size in traffic, and rescales O_i with non-matmul FLOPs at every step, "
+        "where FA2 rescales in registers and divides once.")
 
     # 2. FA2 vs standard attention
     pairs = [(k[4], by[k]["tflops"] / by[("naive",) + k[1:]]["tflops"])
@@ -135,21 +139,53 @@ def report(data) -> str:
         "**Fraction of peak.** The H100/H200 datasheet's dense 16-bit peak (989 TFLOP/s) is "
         "reachable only with Hopper's wgmma instructions; these kernels use the portable "
         "mma.sync path (sm_80+), which on Hopper tops out well below it, as FlashAttention-2's "
-        "own kernels do. The seed's 35% on H100 describes exactly this situation; "
-        "FlashAttention-3 and cuDNN (see the JSON) use wgmma to go further.")
+        "own kernels do. The seed's 35% on H100 describes exactly this situation for the "
+        "forward; FlashAttention-3 and cuDNN (see the JSON) use wgmma to go further. cuflash's "
+        "backward is below the claim: it reaches about 0.6-0.8x of FlashAttention-2's backward "
+        "(float32 dQ atomics with B_c = 64, P and dS through shared memory; see PERFORMANCE.md).")
 
     return "\n".join(lines + ["", "## Why the numbers fall where they do", ""]
                      + [n + "\n" for n in notes])
+
+
+def table(data, dtype="bf16") -> str:
+    """Markdown table: TFLOP/s per provider at every grid point of one dtype."""
+    rows = [r for r in data["rows"] if r["dtype"] == dtype]
+    providers = [p for p in ("cuflash", "cuflash deterministic", "cuflash-fa1", "naive",
+                             "torch-flash", "torch-cudnn") if any(r["provider"] == p for r in rows)]
+    by = {(r["which"], r["headdim"], r["causal"], r["seqlen"], r["provider"]): r for r in rows}
+    keys = sorted({k[:4] for k in by}, key=lambda k: (k[0] != "fwd", k[1], k[2], k[3]))
+    out = [f"TFLOP/s, {dtype}, {data['meta']['device']} (one run; '-' = not run or not "
+           "applicable; vs FA2 = cuflash / torch-flash)", "",
+           "| pass | d | causal | seqlen | " + " | ".join(providers) + " | vs FA2 |",
+           "| --- " * (5 + len(providers)) + "|"]
+    for k in keys:
+        cells = []
+        for p in providers:
+            r = by.get(k + (p,))
+            cells.append(f"{r['tflops']:.0f}" if r and r.get("tflops") else "-")
+        ours, fa2 = by.get(k + ("cuflash",)), by.get(k + ("torch-flash",))
+        ratio = (f"{ours['tflops'] / fa2['tflops']:.2f}x"
+                 if ours and fa2 and ours.get("tflops") and fa2.get("tflops") else "-")
+        out.append(f"| {k[0]} | {k[1]} | {'yes' if k[2] else 'no'} | {k[3]} | "
+                   + " | ".join(cells) + f" | {ratio} |")
+    return "\n".join(out) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("json")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--table-out", help="also write the per-point TFLOP/s table here")
+    ap.add_argument("--dtype", default="bf16", help="dtype of the table")
     args = ap.parse_args(argv)
-    text = report(json.loads(Path(args.json).read_text()))
+    data = json.loads(Path(args.json).read_text())
+    text = report(data)
     Path(args.out).write_text(text)
     print(text)
+    if args.table_out:
+        Path(args.table_out).write_text(table(data, args.dtype))
+        print(f"wrote {args.table_out}")
     return 0
 
 

@@ -60,3 +60,10 @@ def test_plot_writes_a_png(grid_json, tmp_path):
     out = tmp_path / "grid.png"
     assert plot.main([str(grid_json), "--dtype", "bf16", "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_has_every_point(grid_json):
+    claims = _load("claims")
+    text = claims.table(json.loads(grid_json.read_text()), "bf16")
+    assert text.count("\n| fwd |") == 12 and text.count("\n| bwd |") == 12
+    assert "0.94x" in text  # 300 / 320
