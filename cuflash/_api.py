@@ -376,7 +376,7 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
 def _deterministic_splits(cupy, device_id: int, T_c: int, bh: int) -> int:
     """Thread blocks per (batch, head) in deterministic mode: enough to fill the GPU twice,
     at most one per column block."""
-    sms = cupy.cuda.Device(device_id).attributes["MultiProcessorCount"]
+    sms = _device_properties(cupy, device_id)["multiProcessorCount"]
     return max(1, min(T_c, -(-2 * sms // bh)))
 
 
@@ -396,14 +396,18 @@ def attention_with_vjp(q, k, v, causal: bool = False, softmax_scale: float | Non
     return out, vjp
 
 
-_smem_limits: dict = {}
+_properties: dict = {}
+
+
+def _device_properties(cupy, device_id: int) -> dict:
+    """cudaGetDeviceProperties, once per device (it is not free: launches must not pay it)."""
+    if device_id not in _properties:
+        _properties[device_id] = cupy.cuda.runtime.getDeviceProperties(device_id)
+    return _properties[device_id]
 
 
 def _max_smem(cupy, device_id: int) -> int:
-    if device_id not in _smem_limits:
-        attrs = cupy.cuda.runtime.getDeviceProperties(device_id)
-        _smem_limits[device_id] = int(attrs["sharedMemPerBlockOptin"])
-    return _smem_limits[device_id]
+    return int(_device_properties(cupy, device_id)["sharedMemPerBlockOptin"])
 
 
 def _set_smem(kernel, nbytes: int) -> None:

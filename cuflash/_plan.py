@@ -14,11 +14,16 @@ MAX_HEAD_DIM = HEAD_DIM_BUCKETS[-1]
 ELEMENT_TAGS = {"float16": "cuflash::fp16", "bfloat16": "cuflash::bf16"}
 
 
-def head_dim_bucket(d: int) -> int:
-    for bucket in HEAD_DIM_BUCKETS:
+def _bucket(d: int, buckets) -> int:
+    for bucket in buckets:
         if d <= bucket:
             return bucket
     raise ValueError(f"head dim {d} > {MAX_HEAD_DIM} is not supported")
+
+
+def head_dim_bucket(d: int) -> int:
+    """The compiled forward head-dim bucket for head dim d."""
+    return _bucket(d, HEAD_DIM_BUCKETS)
 
 
 @dataclass(frozen=True)
@@ -154,10 +159,8 @@ BACKWARD_HEAD_DIM_BUCKETS = (32, 64, 128, 256)
 
 
 def backward_head_dim_bucket(d: int) -> int:
-    for bucket in BACKWARD_HEAD_DIM_BUCKETS:
-        if d <= bucket:
-            return bucket
-    raise ValueError(f"head dim {d} > {MAX_HEAD_DIM} is not supported")
+    """The compiled backward head-dim bucket for head dim d."""
+    return _bucket(d, BACKWARD_HEAD_DIM_BUCKETS)
 
 
 @dataclass(frozen=True)
