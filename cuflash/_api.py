@@ -48,16 +48,23 @@ def _check_layout(name: str, x) -> None:
 
 
 def _check_device(cupy, arrays: dict) -> int:
-    devices = {name: a.device.id for name, a in arrays.items()}
+    """The id of the one GPU holding every array; it must be sm_80 or newer."""
+    device_id = _common_device({name: a.device.id for name, a in arrays.items()})
+    _check_capability(device_id, int(cupy.cuda.Device(device_id).compute_capability))
+    return device_id
+
+
+def _common_device(devices: dict) -> int:
     if len(set(devices.values())) != 1:
         raise ValueError(f"all arrays must be on the same GPU, got devices {devices}")
-    device_id = next(iter(devices.values()))
-    cc = int(cupy.cuda.Device(device_id).compute_capability)
+    return next(iter(devices.values()))
+
+
+def _check_capability(device_id: int, cc: int) -> None:
     if cc < MIN_COMPUTE_CAPABILITY:
         raise RuntimeError(
             f"cuflash needs a GPU of compute capability 8.0 (sm_80) or newer; device "
             f"{device_id} has compute capability {cc // 10}.{cc % 10}")
-    return device_id
 
 
 def _aligned(cupy, x):

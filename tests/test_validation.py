@@ -112,3 +112,17 @@ def test_backward_buckets():
         assert _plan.backward_config(HD, 99 * 1024).smem_bytes <= 99 * 1024      # sm_86/89
     with pytest.raises(RuntimeError, match="shared memory"):
         _plan.backward_config(256, 99 * 1024)
+
+
+def test_arrays_on_different_gpus_are_rejected():
+    assert _api._common_device({"q": 1, "k": 1, "v": 1}) == 1
+    with pytest.raises(ValueError, match=r"same GPU.*'k': 1"):
+        _api._common_device({"q": 0, "k": 1, "v": 0})
+
+
+@pytest.mark.parametrize("cc,name", [(75, "7.5"), (70, "7.0"), (61, "6.1")])
+def test_gpus_older_than_sm80_are_named(cc, name):
+    with pytest.raises(RuntimeError, match=f"device 0 has compute capability {name}"):
+        _api._check_capability(0, cc)
+    _api._check_capability(0, 80)
+    _api._check_capability(0, 90)
