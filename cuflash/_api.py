@@ -158,6 +158,8 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
 
     Runs on CuPy's current stream, on the device that holds q.
     """
+    if algorithm not in ("fa2", "fa1"):
+        raise ValueError(f"algorithm must be 'fa2' or 'fa1', got {algorithm!r}")
     cupy, device_id = _check_qkv(q, k, v)
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -189,8 +191,6 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
         if algorithm == "fa1":
             _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose)
             return out, lse
-        if algorithm != "fa2":
-            raise ValueError(f"algorithm must be 'fa2' or 'fa1', got {algorithm!r}")
         cfg = _config or _plan.forward_config(HD, causal, _max_smem(cupy, device_id))
         kernel = _loader.get_kernel(
             _plan.FORWARD_FILE, _plan.forward_kernel_name(_dtype_name(q.dtype), cfg, causal))

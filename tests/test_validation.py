@@ -126,3 +126,11 @@ def test_gpus_older_than_sm80_are_named(cc, name):
         _api._check_capability(0, cc)
     _api._check_capability(0, 80)
     _api._check_capability(0, 90)
+
+
+def test_unknown_algorithm_is_rejected_before_anything_else():
+    pytest.importorskip("cupy", reason="CuPy not installed: the public API cannot be called")
+    import cuflash
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="algorithm must be 'fa2' or 'fa1'"):
+        cuflash.forward(q, k, v, algorithm="fa3")
