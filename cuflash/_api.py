@@ -105,6 +105,16 @@ def _check_out(name, x, shape, dtype) -> None:
                          f"got {tuple(x.shape)} {x.dtype}")
 
 
+def _check_given(cupy, name, x, shape, dtype, q, contiguous=False) -> None:
+    """A caller-supplied array (gradient, output buffer, lse): CuPy, the expected shape and
+    dtype, on q's GPU, and C-contiguous where the kernels write or read it as such."""
+    _check_type(cupy, name, x)
+    _check_out(name, x, shape, dtype)
+    _check_device(cupy, {"q": q, name: x})
+    if contiguous and not x.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+
+
 def _check_qkv(q, k, v):
     cupy = _cupy()
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -169,21 +179,15 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
         if out is None:
             out = cupy.empty(q.shape, dtype=q.dtype)
         else:
-            _check_type(cupy, "out", out)
-            _check_out("out", out, q.shape, q.dtype)
+            _check_given(cupy, "out", out, q.shape, q.dtype, q)
             _check_layout("out", out)
-            _check_device(cupy, {"q": q, "out": out})
             if _aligned(cupy, out) is not out:
                 raise ValueError("out must start on a 16-byte boundary with strides that are "
                                  "multiples of 8 elements")
         if lse is None:
             lse = cupy.empty((batch, nheads, seqlen_q), dtype=cupy.float32)
         else:
-            _check_type(cupy, "lse", lse)
-            _check_out("lse", lse, (batch, nheads, seqlen_q), np.float32)
-            _check_device(cupy, {"q": q, "lse": lse})
-            if not lse.flags.c_contiguous:
-                raise ValueError("lse must be C-contiguous")
+            _check_given(cupy, "lse", lse, (batch, nheads, seqlen_q), np.float32, q, True)
         if out.size == 0:
             return out, lse
         q, k, v = (_aligned(cupy, x) for x in (q, k, v))
@@ -309,14 +313,9 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     group = nheads // nheads_k
     for name, x in (("dout", dout), ("out", out)):
-        _check_type(cupy, name, x)
-        _check_out(name, x, q.shape, q.dtype)
+        _check_given(cupy, name, x, q.shape, q.dtype, q)
         _check_layout(name, x)
-    _check_type(cupy, "lse", lse)
-    _check_out("lse", lse, (batch, nheads, seqlen_q), np.float32)
-    if not lse.flags.c_contiguous:
-        raise ValueError("lse must be C-contiguous (as returned by cuflash.forward)")
-    _check_device(cupy, {"q": q, "dout": dout, "out": out, "lse": lse})
+    _check_given(cupy, "lse", lse, (batch, nheads, seqlen_q), np.float32, q, True)
     scale = _softmax_scale(softmax_scale, d)
 
     with cupy.cuda.Device(device_id):
@@ -325,11 +324,7 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
             if x is None:
                 x = cupy.empty(like.shape, dtype=like.dtype)
             else:
-                _check_type(cupy, name, x)
-                _check_out(name, x, like.shape, like.dtype)
-                _check_device(cupy, {"q": q, name: x})
-                if not x.flags.c_contiguous:
-                    raise ValueError(f"{name} must be C-contiguous")
+                _check_given(cupy, name, x, like.shape, like.dtype, q, True)
             grads.append(x)
         dq, dk, dv = grads
         if batch == 0 or nheads == 0 or seqlen_q == 0 or seqlen_k == 0:
