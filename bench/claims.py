@@ -44,6 +44,12 @@ def _by_seqlen(pairs):
     return ", ".join(f"n={n}: {statistics.median(v):.1f}x" for n, v in sorted(out.items()))
 
 
+def _speedups(by, keys, other):
+    """(seqlen, cuflash TFLOP/s / other's) for every forward point where both ran."""
+    return [(k[4], by[k]["tflops"] / by[(other,) + k[1:]]["tflops"])
+            for k in keys if k[1] == "fwd" and (other,) + k[1:] in by]
+
+
 def report(data) -> str:
     meta, by = data["meta"], _index(data["rows"])
     keys = [k for k in by if k[0] == "cuflash"]
@@ -55,8 +61,7 @@ def report(data) -> str:
     notes = []
 
     # 1. FA2 vs FA1
-    pairs = [(k[4], by[k]["tflops"] / by[("cuflash-fa1",) + k[1:]]["tflops"])
-             for k in keys if k[1] == "fwd" and ("cuflash-fa1",) + k[1:] in by]
+    pairs = _speedups(by, keys, "cuflash-fa1")
     text, med = _span([p[1] for p in pairs])
     ok = med is not None and 1.5 <= med <= 3
     lines.append(f"| FlashAttention-2 is about 2x faster than FlashAttention-1 | forward "
@@ -76,8 +81,7 @@ def report(data) -> str:
         "where FA2 rescales in registers and divides once.")
 
     # 2. FA2 vs standard attention
-    pairs = [(k[4], by[k]["tflops"] / by[("naive",) + k[1:]]["tflops"])
-             for k in keys if k[1] == "fwd" and ("naive",) + k[1:] in by]
+    pairs = _speedups(by, keys, "naive")
     text, med = _span([p[1] for p in pairs])
     ok = med is not None and 5 <= med <= 9
     lines.append(f"| FA2 is 5-9x faster than standard attention | forward {text}; by seqlen: "

@@ -3,7 +3,6 @@ shared/guides/accuracy.md (FlashAttention-2's test rule)."""
 
 import numpy as np
 
-from cuflash import reference
 
 
 def rand(cp, shape, dtype, scale=1.0):
@@ -13,10 +12,6 @@ def rand(cp, shape, dtype, scale=1.0):
 
 def poisoned(cp, shape, dtype):
     return cp.full(shape, np.nan, dtype=dtype)
-
-
-def naive_same_dtype(cp, q, k, v, causal, softmax_scale=None):
-    return reference.attention_naive_same_dtype(q, k, v, causal, softmax_scale)
 
 
 def max_err(cp, a, ref):

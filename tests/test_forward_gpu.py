@@ -11,7 +11,7 @@ import pytest
 
 from cuflash import _loader, _plan, reference
 
-from gpu_helpers import assert_accurate, assert_lse, naive_same_dtype, poisoned, rand
+from gpu_helpers import assert_accurate, assert_lse, poisoned, rand
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="CuPy not installed")
@@ -50,7 +50,7 @@ def run_and_check(q, k, v, causal, softmax_scale=None, factor=2.0, algorithm="fa
                                  out=out, lse=lse, algorithm=algorithm)
     assert out2 is out and lse2 is lse
     O_ref, L_ref = reference.attention_naive(q, k, v, causal, softmax_scale)
-    naive = naive_same_dtype(cp, q, k, v, causal, softmax_scale)
+    naive = reference.attention_naive_same_dtype(q, k, v, causal, softmax_scale)
     errs = assert_accurate(cp, out, naive, O_ref, factor, "out")
     assert_lse(cp, lse, L_ref)
     return out, lse, errs
@@ -160,7 +160,8 @@ def test_strided_output_buffer():
     out = cp.full((2, 4, 129, 96), np.nan, np.float16).transpose(0, 2, 1, 3)
     cuflash.forward(q, k, v, out=out)
     O_ref, _ = reference.attention_naive(q, k, v)
-    assert_accurate(cp, out, naive_same_dtype(cp, q, k, v, False), O_ref, 2.0, "out")
+    naive = reference.attention_naive_same_dtype(q, k, v, False)
+    assert_accurate(cp, out, naive, O_ref, 2.0, "out")
 
 
 def test_packed_qkv_and_misaligned_views():
@@ -192,7 +193,7 @@ def test_runs_on_current_stream():
         out, lse = cuflash.forward(q, k, v, causal=True)
     stream.synchronize()
     O_ref, _ = reference.attention_naive(q, k, v, True)
-    assert_accurate(cp, out, naive_same_dtype(cp, q, k, v, True), O_ref, 2.0, "out")
+    assert_accurate(cp, out, reference.attention_naive_same_dtype(q, k, v, True), O_ref, 2.0, "out")
 
 
 def test_bad_output_buffers_rejected():

@@ -65,13 +65,25 @@ CASES = [
 ]
 
 
+def case_id(c):
+    return "b{}_q{}_k{}_h{}_hk{}_d{}_Br{}_Bc{}".format(*c)
+
+
+def case_inputs(case, seed_offset, with_dout=False):
+    """Fresh q, k, v (and dout) for a (batch, seqlen_q, seqlen_k, heads, heads_k, d, ...) case."""
+    b, sq, sk, h, hk, d = case[:6]
+    rng = np.random.default_rng(sum(case) + seed_offset)
+    arrays = [_rand(rng, b, sq, h, d), _rand(rng, b, sk, hk, d), _rand(rng, b, sk, hk, d)]
+    if with_dout:
+        arrays.append(_rand(rng, b, sq, h, d))
+    return arrays
+
+
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("case", CASES,
-                         ids=lambda c: "b{}_q{}_k{}_h{}_hk{}_d{}_Br{}_Bc{}".format(*c))
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_fa2_tiled_equals_naive(case, causal):
-    b, sq, sk, h, hk, d, B_r, B_c = case
-    rng = np.random.default_rng(sum(case))
-    q, k, v = _rand(rng, b, sq, h, d), _rand(rng, b, sk, hk, d), _rand(rng, b, sk, hk, d)
+    B_r, B_c = case[6:]
+    q, k, v = case_inputs(case, 0)
     O, L = ref.attention_naive(q, k, v, causal)
     O2, L2 = ref.attention_fa2_tiled(q, k, v, causal, B_r=B_r, B_c=B_c)
     _assert_same(O, L, O2, L2, 1e-12)
@@ -157,13 +169,10 @@ BWD_CASES = [
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("case", BWD_CASES,
-                         ids=lambda c: "b{}_q{}_k{}_h{}_hk{}_d{}_Br{}_Bc{}".format(*c))
+@pytest.mark.parametrize("case", BWD_CASES, ids=case_id)
 def test_fa2_tiled_backward_equals_naive(case, causal):
-    b, sq, sk, h, hk, d, B_r, B_c = case
-    rng = np.random.default_rng(sum(case) + 1)
-    q, k, v = _rand(rng, b, sq, h, d), _rand(rng, b, sk, hk, d), _rand(rng, b, sk, hk, d)
-    dout = _rand(rng, b, sq, h, d)
+    B_r, B_c = case[6:]
+    q, k, v, dout = case_inputs(case, 1, with_dout=True)
     O, L = ref.attention_naive(q, k, v, causal)
     naive = ref.attention_backward_naive(dout, q, k, v, causal)
     tiled = ref.attention_backward_fa2_tiled(dout, q, k, v, O, L, causal, B_r=B_r, B_c=B_c)
@@ -200,12 +209,10 @@ def test_same_dtype_references_are_close_but_not_exact():
 # ---- FlashAttention-1 ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("case", CASES,
-                         ids=lambda c: "b{}_q{}_k{}_h{}_hk{}_d{}_Br{}_Bc{}".format(*c))
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_fa1_tiled_equals_naive(case, causal):
-    b, sq, sk, h, hk, d, B_r, B_c = case
-    rng = np.random.default_rng(sum(case) + 2)
-    q, k, v = _rand(rng, b, sq, h, d), _rand(rng, b, sk, hk, d), _rand(rng, b, sk, hk, d)
+    B_r, B_c = case[6:]
+    q, k, v = case_inputs(case, 2)
     O, L = ref.attention_naive(q, k, v, causal)
     O1, L1 = ref.attention_fa1_tiled(q, k, v, causal, B_r=B_r, B_c=B_c)
     _assert_same(O, L, O1, L1, 1e-12)
