@@ -6,6 +6,7 @@
     python bench/bench.py --grid --json bench/results/grid.json     # the standard grid
     python bench/bench.py --grid --dtypes bf16 --headdims 128 --seqlens 1024,4096 --passes fwd
     python bench/bench.py --configs 128x32x4,64x64x4                 # FA2 forward tile shapes
+    python bench/bench.py --pass bwd --configs 64x128x8x2x4x2x2      # FA2 backward tile shapes
 
 Providers (--providers): cuflash (FA2), cuflash-fa1 (FlashAttention-1 loop order, forward
 only), naive (CuPy in the same dtype, S and P materialised; forward only), and, when torch is
@@ -134,6 +135,10 @@ class Point:
         if provider == "cuflash" and self.which == "bwd":
             q, k, v, dout = self.inputs()
             out, lse = cuflash.forward(q, k, v, causal=causal)
+            if cfg is not None:
+                return {f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w {cfg.wm_sdp}/{cfg.wm_dkv}/"
+                        f"{cfg.wm_dq} q{cfg.qstages}": lambda: cuflash.backward(
+                            dout, q, k, v, out, lse, causal=causal, _config=cfg)}
             return {label: (lambda det=det: cuflash.backward(
                         dout, q, k, v, out, lse, causal=causal, deterministic=det))
                     for label, det in (("cuflash", False), ("cuflash deterministic", True))}
@@ -252,7 +257,9 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--pass", dest="which", choices=["fwd", "bwd"], default="fwd")
     ap.add_argument("--providers", default=ALL_PROVIDERS)
-    ap.add_argument("--configs", default="", help="FA2 forward tile shapes BrxBcxWarps, ...")
+    ap.add_argument("--configs", default="",
+                    help="FA2 tile shapes: forward BrxBcxWarps, backward "
+                         "BrxBcxWarpsxWMsdpxWMdkvxWMdqxQstages, comma-separated")
     ap.add_argument("--grid", action="store_true", help="run the standard grid")
     ap.add_argument("--dtypes", default="fp16,bf16", help="grid: dtypes")
     ap.add_argument("--headdims", default="64,128", help="grid: head dims")
@@ -288,9 +295,13 @@ def main(argv=None) -> int:
         point = Point(cp, args.dtype, args.batch, args.heads, args.seqlen, args.headdim,
                       args.causal, args.which)
         configs = None
-        if args.configs:
+        if args.configs and args.which == "fwd":
             HD = _plan.head_dim_bucket(args.headdim)
             configs = [_plan.ForwardConfig(HD, *map(int, c.split("x")))
+                       for c in args.configs.split(",")]
+        elif args.configs:
+            HD = _plan.backward_head_dim_bucket(args.headdim)
+            configs = [_plan.BackwardConfig(HD, *map(int, c.split("x")))
                        for c in args.configs.split(",")]
         print(f"{meta['device']}: {args.which} {args.dtype} b={args.batch} h={args.heads} "
               f"n={args.seqlen} d={args.headdim} causal={args.causal}")

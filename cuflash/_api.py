@@ -286,7 +286,7 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
 
 def backward(dout, q, k, v, out, lse, causal: bool = False,
              softmax_scale: float | None = None, *, deterministic: bool = False,
-             dq=None, dk=None, dv=None):
+             dq=None, dk=None, dv=None, _config: _plan.BackwardConfig | None = None):
     """FlashAttention-2 backward: gradients of ``out = forward(q, k, v, ...)`` given ``dout``.
 
     Recomputes S and P block by block from q, k and the forward's ``lse`` (no N x N matrix is
@@ -333,7 +333,8 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
             return dq, dk, dv
         q, k, v, dout, out = (_aligned(cupy, x) for x in (q, k, v, dout, out))
         dtype_name = _dtype_name(q.dtype)
-        cfg = _plan.backward_config(_plan.backward_head_dim_bucket(d), _max_smem(cupy, device_id))
+        cfg = _config or _plan.backward_config(_plan.backward_head_dim_bucket(d),
+                                               _max_smem(cupy, device_id))
 
         # 1. D = rowsum(dO ∘ O), float32 (batch, heads, seqlen_q)
         Dsum = cupy.empty((batch, nheads, seqlen_q), dtype=cupy.float32)
@@ -347,7 +348,7 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
         T_c = (seqlen_k + cfg.B_c - 1) // cfg.B_c
         splits = _deterministic_splits(cupy, device_id, T_c, batch * nheads) \
             if deterministic else 1
-        dq_accum = cupy.zeros((splits, batch, nheads, seqlen_q, d), dtype=cupy.float32)
+        dq_accum = cupy.zeros((splits, batch, nheads, seqlen_q, cfg.HD), dtype=cupy.float32)
         if group > 1:  # one float32 slice per query head, summed over each group below
             dk_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
             dv_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
@@ -367,7 +368,8 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
         # 3. dQ = scale * sum of the slices, in the input dtype
         fin = _loader.get_kernel(_plan.BACKWARD_FILE, _plan.backward_dq_name(dtype_name))
         fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), (128,),
-            (dq_accum, dq, np.int32(splits), np.int32(seqlen_q), np.int32(d), *_strides(dq),
+            (dq_accum, dq, np.int32(splits), np.int32(seqlen_q), np.int32(d), np.int32(cfg.HD),
+             *_strides(dq),
              np.float32(scale)))
         if group > 1:
             for buf, g in ((dk_buf, dk), (dv_buf, dv)):
@@ -376,10 +378,20 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
 
 
 def _deterministic_splits(cupy, device_id: int, T_c: int, bh: int) -> int:
-    """Thread blocks per (batch, head) in deterministic mode: enough to fill the GPU twice,
-    at most one per column block."""
+    """Thread blocks per (batch, head) in deterministic mode.
+
+    Block x of a (batch, head) takes column blocks x, x + splits, ... in turn, so the time goes
+    as (waves of blocks) x (column blocks per block): ceil(bh * splits / SMs) *
+    ceil(T_c / splits), one block per SM. The default mode runs ceil(bh * T_c / SMs) waves of
+    one column block each; the split count that comes closest, smallest first (each split is
+    one more float32 copy of dQ), at most 16."""
     sms = _device_properties(cupy, device_id)["multiProcessorCount"]
-    return max(1, min(T_c, -(-2 * sms // bh)))
+    best_cost, best = None, 1
+    for splits in range(1, min(T_c, 16) + 1):
+        cost = -(-bh * splits // sms) * -(-T_c // splits)
+        if best_cost is None or cost < best_cost:
+            best_cost, best = cost, splits
+    return best
 
 
 def attention_with_vjp(q, k, v, causal: bool = False, softmax_scale: float | None = None,

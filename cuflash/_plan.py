@@ -150,11 +150,10 @@ def fa1_kernel_name(dtype_name: str, cfg: FA1Config, causal: bool) -> str:
 def fa1_finalize_name(dtype_name: str) -> str:
     return f"cuflash::fa1_finalize<{ELEMENT_TAGS[dtype_name]}>"
 
-# ---- backward ------------------------------------------------------------------------------
-# B_r = B_c = 64 always (kernels/fa2_backward.cu, BackwardTile). The buckets are coarser than
-# the forward's: 8 warps split the head dim in halves of whole 64-element groups, and the 96
-# and 192 variants spilled registers (PERFORMANCE.md), so d = 96 runs the 128 kernel and
-# 128 < d <= 256 the 256 kernel.
+# ---- backward ----------------------------------------------------------------------------
+# The buckets are coarser than the forward's: a warp layout that splits the head dim across
+# warps needs whole 64-element groups, and the 96 and 192 variants spilled registers
+# (PERFORMANCE.md), so d = 96 runs the 128 kernel and 128 < d <= 256 the 256 kernel.
 BACKWARD_HEAD_DIM_BUCKETS = (32, 64, 128, 256)
 
 
@@ -165,12 +164,17 @@ def backward_head_dim_bucket(d: int) -> int:
 
 @dataclass(frozen=True)
 class BackwardConfig:
+    """Tile shape of the FA2 backward kernel (kernels/fa2_backward.cu, BackwardTile)."""
+
     HD: int       # head-dim bucket
-    nwarps: int   # 4, or 8 (head dim split in two halves across warps)
+    B_r: int      # query rows per step
+    B_c: int      # keys per thread block (column block)
+    nwarps: int
+    wm_sdp: int   # warps along the query rows of S, dP (the rest along the keys)
+    wm_dkv: int   # warps along the keys of dK, dV (the rest along the head dim)
+    wm_dq: int    # warps along the query rows of dQ (the rest along the head dim)
     qstages: int  # shared-memory buffers for Q_i, dO_i, L_i, D_i (2: the next row block loads
                   # while this one is computed)
-    B_r = 64
-    B_c = 64
 
     @property
     def threads(self) -> int:
@@ -185,12 +189,15 @@ class BackwardConfig:
         return kv + rows + p
 
 
-# (nwarps, qstages) in order of preference; the first that fits the device's shared memory.
+# (B_r, B_c, nwarps, wm_sdp, wm_dkv, wm_dq, qstages) in order of preference; the first that
+# fits the device's shared memory (227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89/120).
+# Each is spill-free on sm_80 and sm_90 (the CPU compile check enforces it); PERFORMANCE.md has
+# the measurements behind the choices.
 _BACKWARD_CONFIGS = {
-    32: [(4, 2)],
-    64: [(8, 2)],
-    128: [(8, 2), (8, 1)],
-    256: [(8, 2), (8, 1)],
+    32: [(128, 128, 8, 4, 8, 8, 2), (128, 128, 8, 4, 8, 8, 1)],
+    64: [(128, 128, 8, 2, 4, 4, 2), (128, 128, 8, 2, 4, 4, 1), (64, 128, 8, 2, 4, 2, 1)],
+    128: [(64, 128, 8, 2, 4, 2, 2), (64, 128, 8, 2, 4, 2, 1), (64, 64, 8, 4, 2, 2, 1)],
+    256: [(64, 64, 8, 4, 4, 4, 2), (64, 64, 8, 4, 4, 4, 1)],
 }
 
 
@@ -210,7 +217,8 @@ def backward_config(HD: int, max_smem_bytes: int = 227 * 1024) -> BackwardConfig
 
 def backward_kernel_name(dtype_name: str, cfg: BackwardConfig, causal: bool) -> str:
     tag = ELEMENT_TAGS[dtype_name]
-    return (f"cuflash::fa2_backward<{tag}, {cfg.HD}, {cfg.nwarps}, {cfg.qstages}, "
+    return (f"cuflash::fa2_backward<{tag}, {cfg.HD}, {cfg.B_r}, {cfg.B_c}, {cfg.nwarps}, "
+            f"{cfg.wm_sdp}, {cfg.wm_dkv}, {cfg.wm_dq}, {cfg.qstages}, "
             f"{'true' if causal else 'false'}>")
 
 

@@ -37,6 +37,11 @@ struct fp16 {
         asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x));
         return r;
     }
+    // The inverse of pack.
+    static __device__ __forceinline__ void unpack(unsigned x, float& lo, float& hi) {
+        lo = to_float(static_cast<unsigned short>(x & 0xffffu));
+        hi = to_float(static_cast<unsigned short>(x >> 16));
+    }
     // D(16x8, f32) += A(16x16) B(16x8)
     static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4],
                                                unsigned b0, unsigned b1) {
@@ -61,6 +66,10 @@ struct bf16 {
     }
     static __device__ __forceinline__ float to_float(unsigned short x) {
         return __uint_as_float(static_cast<unsigned>(x) << 16);
+    }
+    static __device__ __forceinline__ void unpack(unsigned x, float& lo, float& hi) {
+        lo = __uint_as_float(x << 16);
+        hi = __uint_as_float(x & 0xffff0000u);
     }
     static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4],
                                                unsigned b0, unsigned b1) {
@@ -151,6 +160,36 @@ __device__ __forceinline__ int lane_row_rows_first(int l) { return l % 8 + 8 * (
 __device__ __forceinline__ int lane_chunk_rows_first(int l) { return l / 16; }
 __device__ __forceinline__ int lane_row_chunks_first(int l) { return l % 8 + 8 * (l / 16); }
 __device__ __forceinline__ int lane_chunk_chunks_first(int l) { return (l / 8) % 2; }
+
+// A lane's (row, chunk) under one of the patterns above.
+struct Lane2 { int row, chunk; };
+
+// x, as a value the compiler cannot see through: work derived from it is redone where it is
+// written instead of being hoisted out of a loop into registers that stay live.
+__device__ __forceinline__ int opaque(int x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
+// The k loop of a warp-level matrix product: f(k, g) for k steps of 16, step k + 4 g. When there
+// are more than 4 steps (and whole groups of 4), the groups run as a real loop and only the 4
+// steps inside one are unrolled: the compiler then hoists at most a group's operand loads
+// ahead of the MMAs, instead of filling every free register with fragments (which pushed
+// loop-invariant values into local memory in the backward kernel). One group of 4 steps is 64
+// elements: 8 chunks, one whole swizzle group, so the group offset is a plain byte offset
+// (128 bytes along a row, 64 rows down a column).
+template <int KSTEPS, typename F>
+__device__ __forceinline__ void k_loop(F&& f) {
+    if constexpr (KSTEPS > 4 && KSTEPS % 4 == 0) {
+#pragma unroll 1
+        for (int g = 0; g < KSTEPS / 4; ++g)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) f(k, g);
+    } else {
+#pragma unroll
+        for (int k = 0; k < KSTEPS; ++k) f(k, 0);
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // ldmatrix: four 8x8 matrices of 16-bit values per warp; lane i gives the row address

@@ -19,10 +19,11 @@
 // Causal: row blocks entirely above the diagonal of column block j are never visited, and the
 // mask is applied only on blocks that cross it (block_range.cuh).
 //
-// Work split: B_r = B_c = 64. Every matrix product splits its M rows over 4 warps (16 rows
-// each) and its N columns over NWARPS / 4 warps. S and dP are computed by the warp that owns
-// the (query rows, keys) tile; P and dS go through shared memory so that the dV, dK and dQ
-// products can read them transposed (ldmatrix .trans) with their own warp split.
+// Work split: B_r x B_c per step (64 x 128 at d = 128, as FlashAttention-2 uses). Each of the
+// three kinds of product (S and dP; dK and dV; dQ) has its own warp layout (BackwardTile).
+// S and dP stay in the registers of the warp that computes them; P and dS go through shared
+// memory so that the dV, dK and dQ products can read them, transposed where needed
+// (ldmatrix .trans), with their own warp split.
 //
 // Deterministic mode (`deterministic` = 1): gridDim.x is a fixed number of splits; thread block
 // x handles column blocks x, x + gridDim.x, ... and owns slice x of dQ_accum. Each element of a
@@ -30,8 +31,9 @@
 // every run; fa2_backward_dq adds the slices in a fixed order. Otherwise gridDim.x = T_c and all
 // blocks add into slice 0, in whatever order the atomics land.
 //
-// Variants: T (fp16 | bf16), HD (head-dim bucket), NWARPS (4, or 8 for HD % 64 == 0),
-// QSTAGES (1 or 2 shared-memory buffers for Q_i, dO_i, L_i, D_i), CAUSAL.
+// Variants: T (fp16 | bf16), HD (head-dim bucket), B_r, B_c, NWARPS, the three warp layouts
+// (WM_SDP, WM_DKV, WM_DQ), QSTAGES (1 or 2 shared-memory buffers for Q_i, dO_i, L_i, D_i),
+// CAUSAL. cuflash/_plan.py picks them per head dim.
 #include "common.cuh"
 #include "block_range.cuh"
 
@@ -66,17 +68,31 @@ fa2_backward_preprocess(const elem_t* __restrict__ O, const elem_t* __restrict__
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tile shape
+// Tile shape and warp layouts
 // ---------------------------------------------------------------------------------------------
-template <int HD_, int NWARPS_, int QSTAGES_>
+// The three kinds of product in a step split their (M x N) output over the NWARPS warps in
+// different ways, each chosen so that a warp owns a tile at least 32 wide in M and N where
+// registers allow: shared-memory reads per MMA fall as 1/M_w + 1/N_w, and they, not the
+// tensor cores, bound this kernel (PERFORMANCE.md).
+//   S, dP    (B_r x B_c):  WM_SDP warps along the query rows, the rest along the keys
+//   dK, dV   (B_c x HD):   WM_DKV warps along the keys, the rest along the head dim
+//   dQ       (B_r x HD):   WM_DQ warps along the query rows, the rest along the head dim
+template <int HD_, int B_r_, int B_c_, int NWARPS_, int WM_SDP, int WM_DKV, int WM_DQ,
+          int QSTAGES_>
 struct BackwardTile {
-    static constexpr int HD = HD_, NWARPS = NWARPS_, QSTAGES = QSTAGES_;
-    static constexpr int B_r = 64, B_c = 64;
+    static constexpr int HD = HD_, B_r = B_r_, B_c = B_c_, NWARPS = NWARPS_, QSTAGES = QSTAGES_;
     static constexpr int NTHREADS = NWARPS * 32;
-    static constexpr int WN = NWARPS / 4;         // warps along N of every product
-    static constexpr int NS = B_c / WN / 8;       // n8 tiles per warp of S, dP (keys)
-    static constexpr int NH = HD / WN / 8;        // n8 tiles per warp of dK, dV, dQ (head dim)
-    static constexpr int DQ_PASS = NH % 8 == 0 && NH < 16 ? 8 : NH % 4 == 0 ? 4 : 2;  // per pass
+    // Per-warp tile of S, dP: S_MW query rows x S_NW keys = S_MT m16 x S_NT n8 mma tiles.
+    static constexpr int S_MW = B_r / WM_SDP, S_NW = B_c / (NWARPS / WM_SDP);
+    static constexpr int S_MT = S_MW / 16, S_NT = S_NW / 8;
+    // Per-warp tile of dK, dV: KV_MW keys x KV_NW head-dim columns.
+    static constexpr int KV_MW = B_c / WM_DKV, KV_NW = HD / (NWARPS / WM_DKV);
+    static constexpr int KV_MT = KV_MW / 16, KV_NT = KV_NW / 8;
+    // Per-warp tile of dQ: Q_MW query rows x Q_NW head-dim columns, computed in passes of
+    // DQ_PASS n8 tiles so that at most 32 accumulators are live next to dK_j and dV_j.
+    static constexpr int Q_MW = B_r / WM_DQ, Q_NW = HD / (NWARPS / WM_DQ);
+    static constexpr int Q_MT = Q_MW / 16, Q_NT = Q_NW / 8;
+    static constexpr int DQ_PASS = Q_MT * Q_NT <= 8 ? Q_NT : Q_NT % 4 == 0 && Q_MT <= 2 ? 4 : 2;
     // Shared memory, in bytes.
     static constexpr int TILE_KV = B_c * HD * 2;  // K_j, V_j
     static constexpr int TILE_Q = B_r * HD * 2;   // Q_i, dO_i (QSTAGES copies each)
@@ -85,8 +101,16 @@ struct BackwardTile {
     static constexpr int SMEM_BYTES = 2 * TILE_KV + QSTAGES * (2 * TILE_Q + 2 * VEC) + 2 * TILE_P;
 
     static_assert(HD % 32 == 0 && HD <= 256, "head-dim bucket must be a multiple of 32, <= 256");
-    static_assert(NWARPS == 4 || ((NWARPS == 8 || NWARPS == 16) && HD % 64 == 0),
-                  "8 or 16 warps split the head dim into parts of whole 8-chunk groups");
+    static_assert(B_r % 64 == 0 && B_c % 64 == 0, "B_r, B_c: multiples of 64");
+    static_assert(NWARPS % WM_SDP == 0 && NWARPS % WM_DKV == 0 && NWARPS % WM_DQ == 0,
+                  "warp layouts must tile the warps");
+    static_assert(S_MW % 16 == 0 && S_NW % 16 == 0 && KV_MW % 16 == 0 && KV_NW % 16 == 0 &&
+                  Q_MW % 16 == 0 && Q_NW % 16 == 0, "per-warp tiles: multiples of 16");
+    // A warp's head-dim part starts at a chunk offset, which SwizzledReader allows only when
+    // the row is whole 8-chunk groups.
+    static_assert((KV_NW == HD && Q_NW == HD) || HD % 64 == 0,
+                  "head dim split across warps needs HD % 64 == 0");
+    static_assert(Q_NT % DQ_PASS == 0 && DQ_PASS % 2 == 0, "dQ passes");
     static_assert(QSTAGES == 1 || QSTAGES == 2, "1 or 2 buffers for the row block");
 };
 
@@ -95,10 +119,11 @@ struct BackwardTile {
 // ---------------------------------------------------------------------------------------------
 // Q, dO: (batch, seqlen_q, heads, d); K, V: (batch, seqlen_k, heads_k, d), any strides with a
 // contiguous last dim; query head h reads kv head h / group. L, Dsum: (batch, heads, seqlen_q)
-// float32. dQ_accum: (splits, batch, heads, seqlen_q, d) float32, zeroed. dK, dV: when
+// float32. dQ_accum: (splits, batch, heads, seqlen_q, HD) float32, zeroed. dK, dV: when
 // `expanded` is 0, the input dtype with kv heads (group == 1); when 1, float32 with one slice
 // per query head (batch, seqlen_k, heads, d), summed over each group afterwards.
-template <typename T, int HD, int NWARPS, int QSTAGES, bool CAUSAL>
+template <typename T, int HD, int B_r, int B_c, int NWARPS, int WM_SDP, int WM_DKV, int WM_DQ,
+          int QSTAGES, bool CAUSAL>
 __global__ void __launch_bounds__(NWARPS * 32, 1)
 fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
              const elem_t* __restrict__ V, const elem_t* __restrict__ dO,
@@ -111,9 +136,10 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
              long long do_stride_b, long long do_stride_s, long long do_stride_h,
              long long dk_stride_b, long long dk_stride_s, long long dk_stride_h,
              float softmax_scale, float scale_log2) {
-    using Tile = BackwardTile<HD, NWARPS, QSTAGES>;
-    constexpr int B_r = Tile::B_r, B_c = Tile::B_c, NTHREADS = Tile::NTHREADS;
-    constexpr int NS = Tile::NS, NH = Tile::NH;
+    using Tile = BackwardTile<HD, B_r, B_c, NWARPS, WM_SDP, WM_DKV, WM_DQ, QSTAGES>;
+    constexpr int NTHREADS = Tile::NTHREADS;
+    constexpr int S_MT = Tile::S_MT, S_NT = Tile::S_NT, KV_MT = Tile::KV_MT,
+                  KV_NT = Tile::KV_NT, Q_MT = Tile::Q_MT, DQ_PASS = Tile::DQ_PASS;
     constexpr float LOG2E = 1.4426950408889634f;
 
     // ---- shared memory: one buffer carved into named tiles --------------------------------
@@ -128,52 +154,46 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     float* sD = sL + QSTAGES * B_r;                                   // QSTAGES x (B_r) D_i
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int wm = warp % 4, wn = warp / 4;  // this warp's 16-row group and N part
+    // This warp's tile in each of the three products (row part, column part).
+    const int s_m = warp % WM_SDP, s_n = warp / WM_SDP;     // S, dP: rows, keys
+    const int kv_m = warp % WM_DKV, kv_n = warp / WM_DKV;   // dK, dV: keys, head dim
+    const int q_m = warp % WM_DQ, q_n = warp / WM_DQ;       // dQ: rows, head dim
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y, nbatch = gridDim.z;
     const int head_k = head / group;
     const int chunks = d / 8;
     const int T_c = (seqlen_k + B_c - 1) / B_c;
 
-    const elem_t* q = Q + batch * q_stride_b + head * q_stride_h;
-    const elem_t* k = K + batch * k_stride_b + head_k * k_stride_h;
-    const elem_t* v = V + batch * v_stride_b + head_k * v_stride_h;
-    const elem_t* dout = dO + batch * do_stride_b + head * do_stride_h;
-    const long long bh = (long long)batch * nheads + head;
-    const float* lse = L + bh * seqlen_q;
-    const float* dsum = Dsum + bh * seqlen_q;
-    float* dq_acc = dQ_accum +
-        ((deterministic ? (long long)blockIdx.x * nbatch * nheads : 0) + bh) * seqlen_q * d;
-
-    // ldmatrix addressing (common.cuh: lane patterns and SwizzledReader). Five readers serve
+    // ldmatrix addressing (common.cuh: lane patterns and SwizzledReader). Six readers serve
     // the ten operands: tiles read the same way differ only by a compile-time byte offset.
+    // Each is built where it is used, from an opaque copy of the lane index, so that the
+    // compiler rebuilds it per step (a few integer ops) instead of keeping all six (24
+    // registers) live across the loop beside dK_j, dV_j, S and dP.
     const unsigned sbase = smem_u32(smem);
     constexpr unsigned OFF_K = 0, OFF_V = Tile::TILE_KV, OFF_Q = 2 * Tile::TILE_KV;
     constexpr unsigned OFF_DO = OFF_Q + QSTAGES * Tile::TILE_Q;
     constexpr unsigned OFF_P = OFF_DO + QSTAGES * Tile::TILE_Q, OFF_DS = OFF_P + Tile::TILE_P;
-    const int rf_row = lane_row_rows_first(lane), rf_chunk = lane_chunk_rows_first(lane);
-    const int cf_row = lane_row_chunks_first(lane), cf_chunk = lane_chunk_chunks_first(lane);
-    // A of Q_i K_j^T and dO_i V_j^T: this warp's 16 query rows of Q_i / dO_i
-    const SwizzledReader<HD> rd_rows(sbase + wm * 16 * HD * 2, rf_row, rf_chunk);
-    // B of Q_i K_j^T and dO_i V_j^T: the keys of part wn of K_j / V_j
-    const SwizzledReader<HD> rd_keys(sbase + wn * (B_c / Tile::WN) * HD * 2, cf_row, cf_chunk);
-    // B (.trans) of P^T dO_i, dS^T Q_i and dS K_j: head-dim part wn of dO_i / Q_i / K_j
-    const SwizzledReader<HD> rd_hpart(sbase, rf_row, rf_chunk, wn * HD / Tile::WN / 8);
-    // A (.trans) of P^T dO_i and dS^T Q_i: keys 16 wm.. are chunks 2 wm.. of P / dS
-    const SwizzledReader<B_c> rd_ptrans(sbase, cf_row, cf_chunk, 2 * wm);
-    // A of dS K_j: this warp's 16 query rows of dS
-    const SwizzledReader<B_c> rd_ds(sbase + wm * 16 * B_c * 2, rf_row, rf_chunk);
+    auto readers_rows_first = [&]() { const int l = opaque(lane);
+        return Lane2{lane_row_rows_first(l), lane_chunk_rows_first(l)}; };
+    auto readers_chunks_first = [&]() { const int l = opaque(lane);
+        return Lane2{lane_row_chunks_first(l), lane_chunk_chunks_first(l)}; };
 
     // Q_i, dO_i, L_i, D_i: HBM -> shared buffer `buf` (cp.async; caller commits).
+    // The pointers are rebuilt from the kernel arguments on every call (opaque copies of the
+    // indices): a few integer ops per row block instead of ~10 registers held across the loop.
     auto load_row_block = [&](int i, int buf) {
-        const int row0 = i * B_r;
-        load_tile_async<B_r, HD, NTHREADS>(sQ + buf * B_r * HD, q + row0 * q_stride_s,
-                                           q_stride_s, seqlen_q - row0, chunks, tid);
-        load_tile_async<B_r, HD, NTHREADS>(sdO + buf * B_r * HD, dout + row0 * do_stride_s,
-                                           do_stride_s, seqlen_q - row0, chunks, tid);
-        if (tid < B_r) {
-            const bool valid = row0 + tid < seqlen_q;
-            cp_async_4(smem_u32(sL + buf * B_r + tid), lse + (valid ? row0 + tid : 0), valid);
-            cp_async_4(smem_u32(sD + buf * B_r + tid), dsum + (valid ? row0 + tid : 0), valid);
+        const int row0 = i * B_r, t = opaque(tid);
+        const long long b = opaque(batch), h = opaque(head);
+        load_tile_async<B_r, HD, NTHREADS>(
+            sQ + buf * B_r * HD, Q + b * q_stride_b + h * q_stride_h + row0 * q_stride_s,
+            q_stride_s, seqlen_q - row0, chunks, t);
+        load_tile_async<B_r, HD, NTHREADS>(
+            sdO + buf * B_r * HD, dO + b * do_stride_b + h * do_stride_h + row0 * do_stride_s,
+            do_stride_s, seqlen_q - row0, chunks, t);
+        if (t < B_r) {
+            const bool valid = row0 + t < seqlen_q;
+            const long long at = (b * nheads + h) * seqlen_q + (valid ? row0 + t : 0);
+            cp_async_4(smem_u32(sL + buf * B_r + t), L + at, valid);
+            cp_async_4(smem_u32(sD + buf * B_r + t), Dsum + at, valid);
         }
     };
 
@@ -181,19 +201,24 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         const int col0 = j * B_c;  // first key of K_j
         const RowBlocks rb = row_blocks<B_r, B_c, CAUSAL>(j, seqlen_q, seqlen_k);
 
-        float dk[NH][4], dv[NH][4];  // dK_j, dV_j: keys 16 wm.., head-dim part wn
+        float dk[KV_MT][KV_NT][4], dv[KV_MT][KV_NT][4];  // dK_j, dV_j: this warp's tile
 #pragma unroll
-        for (int nt = 0; nt < NH; ++nt)
+        for (int mt = 0; mt < KV_MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dk[nt][e] = dv[nt][e] = 0.f;
+            for (int nt = 0; nt < KV_NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dk[mt][nt][e] = dv[mt][nt][e] = 0.f;
 
         __syncthreads();  // the previous column block is done with every buffer
         if (rb.begin < rb.end) {
             // K_j, V_j and the first row block in one cp.async group.
-            load_tile_async<B_c, HD, NTHREADS>(sK, k + col0 * k_stride_s, k_stride_s,
-                                               seqlen_k - col0, chunks, tid);
-            load_tile_async<B_c, HD, NTHREADS>(sV, v + col0 * v_stride_s, v_stride_s,
-                                               seqlen_k - col0, chunks, tid);
+            const long long b = opaque(batch), hk = opaque(head_k);
+            load_tile_async<B_c, HD, NTHREADS>(
+                sK, K + b * k_stride_b + hk * k_stride_h + col0 * k_stride_s, k_stride_s,
+                seqlen_k - col0, chunks, opaque(tid));
+            load_tile_async<B_c, HD, NTHREADS>(
+                sV, V + b * v_stride_b + hk * v_stride_h + col0 * v_stride_s, v_stride_s,
+                seqlen_k - col0, chunks, opaque(tid));
             load_row_block(rb.begin, 0);
             cp_async_commit();
         }
@@ -204,168 +229,246 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             const int row0 = i * B_r;
             const unsigned qoff = buf * B_r * HD * 2;  // byte offset of buffer `buf`
 
-            // S_ij = Q_i K_j^T and dP_ij = dO_i V_j^T: (16 rows x B_c / WN keys) per warp.
-            float s[NS][4], dp[NS][4];
+            // This warp's (S_MW x S_NW) tile of S_ij, P_ij, dP_ij and dS_ij. MMA operands:
+            // A = this warp's query rows of Q_i / dO_i, B = this warp's keys of K_j / V_j.
+            const Lane2 rs = readers_rows_first(), cs = readers_chunks_first();
+            const SwizzledReader<HD> rd_s_a(sbase + s_m * Tile::S_MW * HD * 2, rs.row, rs.chunk);
+            const SwizzledReader<HD> rd_s_b(sbase + s_n * Tile::S_NW * HD * 2, cs.row, cs.chunk);
+            // acc += A B^T over the head dim, for A at byte offset off_a and B at off_b.
+            auto product = [&](float (&acc)[S_MT][S_NT][4], unsigned off_a, unsigned off_b) {
 #pragma unroll
-            for (int nt = 0; nt < NS; ++nt)
+                for (int mt = 0; mt < S_MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+                    for (int nt = 0; nt < S_NT; ++nt)
 #pragma unroll
-            for (int kk = 0; kk < HD / 16; ++kk) {
-                unsigned aq[4], ado[4];
-                ldmatrix_x4(aq, rd_rows.at(0, 2 * kk) + OFF_Q + qoff);
-                ldmatrix_x4(ado, rd_rows.at(0, 2 * kk) + OFF_DO + qoff);
+                        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+                k_loop<HD / 16>([&](int kk, int g) {  // head-dim chunks 2 kk + 8 g
+                    unsigned a[S_MT][4];
 #pragma unroll
-                for (int nt2 = 0; nt2 < NS / 2; ++nt2) {
-                    unsigned bk[4], bv[4];
-                    ldmatrix_x4(bk, rd_keys.at(nt2 * 16, 2 * kk) + OFF_K);
-                    T::mma(s[2 * nt2], aq, bk[0], bk[1]);
-                    T::mma(s[2 * nt2 + 1], aq, bk[2], bk[3]);
-                    ldmatrix_x4(bv, rd_keys.at(nt2 * 16, 2 * kk) + OFF_V);
-                    T::mma(dp[2 * nt2], ado, bv[0], bv[1]);
-                    T::mma(dp[2 * nt2 + 1], ado, bv[2], bv[3]);
+                    for (int mt = 0; mt < S_MT; ++mt)
+                        ldmatrix_x4(a[mt], rd_s_a.at(mt * 16, 2 * kk) + off_a + g * 128);
+#pragma unroll
+                    for (int nt2 = 0; nt2 < S_NT / 2; ++nt2) {
+                        unsigned b[4];
+                        ldmatrix_x4(b, rd_s_b.at(nt2 * 16, 2 * kk) + off_b + g * 128);
+#pragma unroll
+                        for (int mt = 0; mt < S_MT; ++mt) {
+                            T::mma(acc[mt][2 * nt2], a[mt], b[0], b[1]);
+                            T::mma(acc[mt][2 * nt2 + 1], a[mt], b[2], b[3]);
+                        }
+                    }
+                });
+            };
+            // The rows a lane holds are all = lane / 4 (mod 8), so in the [query row][key]
+            // tiles of P and dS the swizzled chunk depends on nt alone and the row offset is a
+            // compile-time constant.
+            const int l8 = opaque(lane) / 4, r_lane = s_m * Tile::S_MW + l8;
+            const int st_base = r_lane * B_c + (opaque(lane) % 4) * 2;
+            auto st_offset = [&](int mt, int e2, int nt) {
+                return st_base + (mt * 16 + e2 * 8) * B_c + (((s_n * Tile::S_NW / 8 + nt) ^ l8) * 8);
+            };
+
+            // S_ij = Q_i K_j^T, then P_ij = exp(scale S_ij - L_i) (0 where masked), stored to
+            // shared memory in the input dtype. Each lane reads its own values back for dS
+            // (no barrier needed), so no register holds S or P while dP is computed; dS uses
+            // the rounded P, as 16-bit autodiff would.
+            {
+                float acc[S_MT][S_NT][4];
+                product(acc, OFF_Q + qoff, OFF_K);
+#pragma unroll
+                for (int mt = 0; mt < S_MT; ++mt)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; ++e2) {
+                    const int r = r_lane + mt * 16 + e2 * 8;  // row within the block
+                    const float l2 = sL[buf * B_r + r] * LOG2E;
+                    // visible keys of row r within this warp's keys, from its first column
+                    const int limit = visible_limit<CAUSAL>(row0 + r, seqlen_q, seqlen_k) -
+                                      col0 - s_n * Tile::S_NW - (opaque(lane) % 4) * 2;
+#pragma unroll
+                    for (int nt = 0; nt < S_NT; ++nt) {
+                        float p[2];
+#pragma unroll
+                        for (int e1 = 0; e1 < 2; ++e1) {
+                            p[e1] = exp2_approx(fmaf(acc[mt][nt][e2 * 2 + e1], scale_log2, -l2));
+                            if (MASK && nt * 8 + e1 > limit) p[e1] = 0.f;
+                        }
+                        *reinterpret_cast<unsigned*>(sP + st_offset(mt, e2, nt)) =
+                            T::pack(p[0], p[1]);
+                    }
                 }
             }
-
-            // P_ij = exp(scale S_ij - L_i) (0 where masked), dS_ij = P_ij ∘ (dP_ij - D_i);
-            // both stored to shared memory (input dtype) as [query row][key].
+            // dP_ij = dO_i V_j^T, then dS_ij = P_ij ∘ (dP_ij - D_i), stored to shared memory.
+            {
+                float acc[S_MT][S_NT][4];
+                product(acc, OFF_DO + qoff, OFF_V);
 #pragma unroll
-            for (int e2 = 0; e2 < 2; ++e2) {
-                const int r = wm * 16 + lane / 4 + e2 * 8;  // row within the block
-                const float l2 = sL[buf * B_r + r] * LOG2E;
-                const float D_r = sD[buf * B_r + r];
-                // visible keys of row r within this warp's slice, relative to its first column
-                const int limit = visible_limit<CAUSAL>(row0 + r, seqlen_q, seqlen_k) - col0 -
-                                  wn * (B_c / Tile::WN) - (lane % 4) * 2;
+                for (int mt = 0; mt < S_MT; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < NS; ++nt) {
-                    float p[2], ds[2];
+                for (int e2 = 0; e2 < 2; ++e2) {
+                    const float D_r = sD[buf * B_r + r_lane + mt * 16 + e2 * 8];
 #pragma unroll
-                    for (int e1 = 0; e1 < 2; ++e1) {
-                        p[e1] = exp2_approx(fmaf(s[nt][e2 * 2 + e1], scale_log2, -l2));
-                        if (MASK && nt * 8 + e1 > limit) p[e1] = 0.f;
-                        ds[e1] = p[e1] * (dp[nt][e2 * 2 + e1] - D_r);
+                    for (int nt = 0; nt < S_NT; ++nt) {
+                        float p[2];
+                        T::unpack(*reinterpret_cast<const unsigned*>(sP + st_offset(mt, e2, nt)),
+                                  p[0], p[1]);
+                        const float ds0 = p[0] * (acc[mt][nt][e2 * 2] - D_r);
+                        const float ds1 = p[1] * (acc[mt][nt][e2 * 2 + 1] - D_r);
+                        *reinterpret_cast<unsigned*>(sdS + st_offset(mt, e2, nt)) =
+                            T::pack(ds0, ds1);
                     }
-                    const int chunk = wn * (B_c / Tile::WN) / 8 + nt;
-                    const int off = tile_offset<B_c>(r, chunk) + (lane % 4) * 2;
-                    *reinterpret_cast<unsigned*>(sP + off) = T::pack(p[0], p[1]);
-                    *reinterpret_cast<unsigned*>(sdS + off) = T::pack(ds[0], ds[1]);
                 }
             }
             __syncthreads();  // P_ij and dS_ij are complete
 
-            // dV_j += P_ij^T dO_i and dK_j += dS_ij^T Q_i: (16 keys x HD / WN) per warp,
-            // k = the B_r query rows.
+            // dV_j += P_ij^T dO_i and dK_j += dS_ij^T Q_i, this warp's (KV_MW x KV_NW) tile;
+            // k = the B_r query rows. A (.trans): this warp's keys are chunks of P / dS;
+            // B (.trans): this warp's head-dim part of dO_i / Q_i. One product after the
+            // other, so that only one product's fragments are live beside dK_j and dV_j.
+            {
+                const Lane2 rf = readers_rows_first(), cf = readers_chunks_first();
+                const SwizzledReader<B_c> rd_kv_a(sbase, cf.row, cf.chunk, kv_m * Tile::KV_MW / 8);
+                const SwizzledReader<HD> rd_kv_b(sbase, rf.row, rf.chunk, kv_n * Tile::KV_NW / 8);
+                // acc += A^T B, for A at byte offset off_a and B at off_b.
+                auto product_t = [&](float (&acc)[KV_MT][KV_NT][4], unsigned off_a,
+                                     unsigned off_b) {
+                    k_loop<B_r / 16>([&](int kk, int g) {  // query rows 16 kk + 64 g
+                        unsigned a[KV_MT][4];
 #pragma unroll
-            for (int kk = 0; kk < B_r / 16; ++kk) {
-                unsigned ap[4], ads[4];
-                ldmatrix_x4_trans(ap, rd_ptrans.at(kk * 16, 0) + OFF_P);
-                ldmatrix_x4_trans(ads, rd_ptrans.at(kk * 16, 0) + OFF_DS);
+                        for (int mt = 0; mt < KV_MT; ++mt)
+                            ldmatrix_x4_trans(a[mt], rd_kv_a.at(kk * 16, 2 * mt) + off_a +
+                                                         g * 64 * B_c * 2);
 #pragma unroll
-                for (int nd2 = 0; nd2 < NH / 2; ++nd2) {
-                    unsigned bo[4], bq[4];
-                    ldmatrix_x4_trans(bo, rd_hpart.at(kk * 16, nd2 * 2) + OFF_DO + qoff);
-                    T::mma(dv[2 * nd2], ap, bo[0], bo[1]);
-                    T::mma(dv[2 * nd2 + 1], ap, bo[2], bo[3]);
-                    ldmatrix_x4_trans(bq, rd_hpart.at(kk * 16, nd2 * 2) + OFF_Q + qoff);
-                    T::mma(dk[2 * nd2], ads, bq[0], bq[1]);
-                    T::mma(dk[2 * nd2 + 1], ads, bq[2], bq[3]);
-                }
+                        for (int nd2 = 0; nd2 < KV_NT / 2; ++nd2) {
+                            unsigned b[4];
+                            ldmatrix_x4_trans(b, rd_kv_b.at(kk * 16, nd2 * 2) + off_b +
+                                                     g * 64 * HD * 2);
+#pragma unroll
+                            for (int mt = 0; mt < KV_MT; ++mt) {
+                                T::mma(acc[mt][2 * nd2], a[mt], b[0], b[1]);
+                                T::mma(acc[mt][2 * nd2 + 1], a[mt], b[2], b[3]);
+                            }
+                        }
+                    });
+                };
+                product_t(dv, OFF_P, OFF_DO + qoff);
+                product_t(dk, OFF_DS, OFF_Q + qoff);
             }
 
-            // dQ_i += dS_ij K_j: (16 query rows x HD / WN) per warp, k = the B_c keys, in
-            // passes of DQ_PASS n8 tiles so that few registers are live next to dK_j and dV_j.
-            const int row = row0 + wm * 16 + lane / 4;
-            float* dst0 = dq_acc + wn * (HD / Tile::WN);  // this warp's first dQ column
-#if __CUDA_ARCH__ < 900
-            float* dst_row = dst0 + (long long)row * d + (lane % 4) * 2;  // row g, column 2t
+            // dQ_i += dS_ij K_j, this warp's (Q_MW x Q_NW) tile; k = the B_c keys. Added to
+            // dQ_accum with float atomics, one pass of DQ_PASS n8 tiles at a time.
+            // A: this warp's query rows of dS; B (.trans): this warp's head-dim part of K_j.
+            const Lane2 rq = readers_rows_first();
+            const SwizzledReader<B_c> rd_q_a(sbase + q_m * Tile::Q_MW * B_c * 2, rq.row, rq.chunk);
+            const SwizzledReader<HD> rd_q_b(sbase, rq.row, rq.chunk, q_n * Tile::Q_NW / 8);
+            // this warp's first dQ column, in slice `split` of dQ_accum
+            const long long split = deterministic ? opaque(blockIdx.x) : 0;
+            float* dst0 = dQ_accum + q_n * Tile::Q_NW +
+                ((split * nbatch + opaque(batch)) * nheads + opaque(head)) * seqlen_q * HD;
+#pragma unroll
+            for (int pass = 0; pass < Tile::Q_NT / DQ_PASS; ++pass) {
+                float dq[Q_MT][DQ_PASS][4];
+#pragma unroll
+                for (int mt = 0; mt < Q_MT; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < DQ_PASS; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) dq[mt][nt][e] = 0.f;
+                k_loop<B_c / 16>([&](int kk, int g) {  // keys 16 kk + 64 g
+                    unsigned a[Q_MT][4];
+#pragma unroll
+                    for (int mt = 0; mt < Q_MT; ++mt)
+                        ldmatrix_x4(a[mt], rd_q_a.at(mt * 16, 2 * kk) + OFF_DS + g * 128);
+#pragma unroll
+                    for (int nd2 = 0; nd2 < DQ_PASS / 2; ++nd2) {
+                        unsigned bk[4];
+                        ldmatrix_x4_trans(bk, rd_q_b.at(kk * 16, pass * DQ_PASS + nd2 * 2) +
+                                                  OFF_K + g * 64 * HD * 2);
+#pragma unroll
+                        for (int mt = 0; mt < Q_MT; ++mt) {
+                            T::mma(dq[mt][2 * nd2], a[mt], bk[0], bk[1]);
+                            T::mma(dq[mt][2 * nd2 + 1], a[mt], bk[2], bk[3]);
+                        }
+                    }
+                });
+                // Float atomics into dQ_accum (row pitch HD: offsets are compile-time); rows
+                // past seqlen_q skipped. Columns past d receive dS times the zero padding of
+                // K_j, and are never read back.
+                const int lane_q = opaque(lane);
+                const int row_g = row0 + q_m * Tile::Q_MW + lane_q / 4;  // row g of mt = 0
+#if __CUDA_ARCH__ >= 900
+                // 4 consecutive columns per instruction: lanes 2t and 2t+1 swap halves so that
+                // the even lane holds row g and the odd lane row g + 8 of columns
+                // 4 (t / 2) .. 4 (t / 2) + 3.
+                const bool odd = lane_q & 1;
+                const int my_row = row_g + (odd ? 8 : 0);
+                float* dst = dst0 + (long long)my_row * HD + ((lane_q % 4) & ~1) * 2;
+#else
+                float* dst = dst0 + (long long)row_g * HD + (lane_q % 4) * 2;
 #endif
 #pragma unroll
-            for (int pass = 0; pass < NH / Tile::DQ_PASS; ++pass) {
-                float dq[Tile::DQ_PASS][4];
+                for (int mt = 0; mt < Q_MT; ++mt) {
 #pragma unroll
-                for (int nt = 0; nt < Tile::DQ_PASS; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) dq[nt][e] = 0.f;
-#pragma unroll
-                for (int kk = 0; kk < B_c / 16; ++kk) {
-                    unsigned a[4];
-                    ldmatrix_x4(a, rd_ds.at(0, 2 * kk) + OFF_DS);
-#pragma unroll
-                    for (int nd2 = 0; nd2 < Tile::DQ_PASS / 2; ++nd2) {
-                        unsigned bk[4];
-                        ldmatrix_x4_trans(
-                            bk, rd_hpart.at(kk * 16, pass * Tile::DQ_PASS + nd2 * 2) + OFF_K);
-                        T::mma(dq[2 * nd2], a, bk[0], bk[1]);
-                        T::mma(dq[2 * nd2 + 1], a, bk[2], bk[3]);
-                    }
-                }
-                // Float atomics into dQ_accum; rows past seqlen_q, columns past d skipped.
-#pragma unroll
-                for (int nt = 0; nt < Tile::DQ_PASS; ++nt) {
-                    const int tile_col = (pass * Tile::DQ_PASS + nt) * 8;
-                    if (wn * (HD / Tile::WN) + tile_col >= d) break;
-                    const float* c = dq[nt];
+                    for (int nt = 0; nt < DQ_PASS; ++nt) {
+                        float* p = dst + mt * 16 * HD + (pass * DQ_PASS + nt) * 8;
+                        const float* c = dq[mt][nt];
 #if __CUDA_ARCH__ >= 900
-                    // 4 consecutive columns per instruction: lanes 2t and 2t+1 swap halves so
-                    // that the even lane holds row g and the odd lane row g + 8 of columns
-                    // 4 (t / 2) .. 4 (t / 2) + 3.
-                    const bool odd = lane & 1;
-                    const int my_row = row + (odd ? 8 : 0);
-                    const float r0 = shfl_xor(odd ? c[0] : c[2], 1);
-                    const float r1 = shfl_xor(odd ? c[1] : c[3], 1);
-                    if (my_row < seqlen_q) {
-                        float* p = dst0 + (long long)my_row * d + tile_col + ((lane % 4) & ~1) * 2;
-                        if (odd) red_add_f32x4(p, r0, r1, c[2], c[3]);
-                        else red_add_f32x4(p, c[0], c[1], r0, r1);
-                    }
+                        const float r0 = shfl_xor(odd ? c[0] : c[2], 1);
+                        const float r1 = shfl_xor(odd ? c[1] : c[3], 1);
+                        if (my_row + mt * 16 < seqlen_q)
+                            red_add_f32x4(p, odd ? r0 : c[0], odd ? r1 : c[1],
+                                          odd ? c[2] : r0, odd ? c[3] : r1);
 #else
 #pragma unroll
-                    for (int e2 = 0; e2 < 2; ++e2)
-                        if (row + e2 * 8 < seqlen_q)
+                        for (int e2 = 0; e2 < 2; ++e2)
+                            if (row_g + mt * 16 + e2 * 8 < seqlen_q)
 #pragma unroll
-                            for (int e1 = 0; e1 < 2; ++e1)
-                                atomicAdd(dst_row + e2 * 8 * d + tile_col + e1, c[e2 * 2 + e1]);
+                                for (int e1 = 0; e1 < 2; ++e1)
+                                    atomicAdd(p + e2 * 8 * HD + e1, c[e2 * 2 + e1]);
 #endif
+                    }
                 }
             }
         };
 
         for (int i = rb.begin; i < rb.end; ++i) {
             const int buf = QSTAGES == 2 ? (i - rb.begin) & 1 : 0;
-            if (QSTAGES == 2) {
-                if (i + 1 < rb.end) load_row_block(i + 1, buf ^ 1);
+            cp_async_wait<0>();
+            // Row block i (and K_j, V_j) are in shared memory, and every warp is done with
+            // step i - 1: its row-block buffer, P and dS may be overwritten.
+            __syncthreads();
+            if (QSTAGES == 2 && i + 1 < rb.end) {  // the next row block loads during this step
+                load_row_block(i + 1, buf ^ 1);
                 cp_async_commit();
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
             }
-            __syncthreads();  // row block i (and K_j, V_j) are in shared memory
             if (block_needs_mask<B_r, B_c, CAUSAL>(i, j, seqlen_q, seqlen_k))
                 step(i, buf, Bool<true>{});
             else
                 step(i, buf, Bool<false>{});
-            __syncthreads();  // every warp is done with buffer `buf`, P_ij and dS_ij
             if (QSTAGES == 1 && i + 1 < rb.end) {
+                __syncthreads();  // every warp is done with the single row-block buffer
                 load_row_block(i + 1, 0);
                 cp_async_commit();
             }
         }
 
         // ---- epilogue: dK_j = scale * dK_j, dV_j, written straight from registers ----------
-        const int out_head = expanded ? head : head_k;
+        const long long out_head = opaque(expanded ? head : head_k);
+        const int l_e = opaque(lane), w_e = opaque(warp);
+        const int kv_m_e = w_e % WM_DKV, kv_n_e = w_e / WM_DKV;
+#pragma unroll
+        for (int mt = 0; mt < KV_MT; ++mt)
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
-            const int key = col0 + wm * 16 + lane / 4 + e2 * 8;
+            const int key = col0 + kv_m_e * Tile::KV_MW + mt * 16 + l_e / 4 + e2 * 8;
             if (key >= seqlen_k) continue;
-            const long long base = batch * dk_stride_b + key * dk_stride_s +
-                                   out_head * dk_stride_h + wn * (HD / Tile::WN) + (lane % 4) * 2;
+            const long long base = opaque(batch) * dk_stride_b + key * dk_stride_s +
+                                   out_head * dk_stride_h + kv_n_e * Tile::KV_NW + (l_e % 4) * 2;
 #pragma unroll
-            for (int nt = 0; nt < NH; ++nt) {
-                if (wn * (HD / Tile::WN) + nt * 8 >= d) break;
-                const float k0 = dk[nt][e2 * 2] * softmax_scale;
-                const float k1 = dk[nt][e2 * 2 + 1] * softmax_scale;
-                const float v0 = dv[nt][e2 * 2], v1 = dv[nt][e2 * 2 + 1];
+            for (int nt = 0; nt < KV_NT; ++nt) {
+                if (kv_n_e * Tile::KV_NW + nt * 8 >= d) break;
+                const float k0 = dk[mt][nt][e2 * 2] * softmax_scale;
+                const float k1 = dk[mt][nt][e2 * 2 + 1] * softmax_scale;
+                const float v0 = dv[mt][nt][e2 * 2], v1 = dv[mt][nt][e2 * 2 + 1];
                 if (expanded) {
                     float* fk = static_cast<float*>(dK) + base + nt * 8;
                     float* fv = static_cast<float*>(dV) + base + nt * 8;
@@ -386,20 +489,21 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 // dQ = softmax_scale * sum over slices of dQ_accum, in the input dtype
 // ---------------------------------------------------------------------------------------------
 // One thread per 8 elements of a row; grid (ceil(seqlen_q * d / 8 / 128), heads, batch).
+// dQ_accum: (splits, batch, heads, seqlen_q, hd) with hd the kernel's head-dim bucket.
 // dQ: (batch, seqlen_q, heads, d) with strides (last dim contiguous).
 template <typename T>
 __global__ void __launch_bounds__(128)
 fa2_backward_dq(const float* __restrict__ dQ_accum, elem_t* __restrict__ dQ, int splits,
-                int seqlen_q, int d, long long dq_stride_b, long long dq_stride_s,
+                int seqlen_q, int d, int hd, long long dq_stride_b, long long dq_stride_s,
                 long long dq_stride_h, float softmax_scale) {
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y, nbatch = gridDim.z;
     const int chunks = d / 8;
     const long long idx = (long long)blockIdx.x * 128 + threadIdx.x;
     if (idx >= (long long)seqlen_q * chunks) return;
     const int row = idx / chunks, c = idx % chunks;
-    const long long slice = (long long)nbatch * nheads * seqlen_q * d;
+    const long long slice = (long long)nbatch * nheads * seqlen_q * hd;
     const float* src =
-        dQ_accum + (((long long)batch * nheads + head) * seqlen_q + row) * d + c * 8;
+        dQ_accum + (((long long)batch * nheads + head) * seqlen_q + row) * hd + c * 8;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int s = 0; s < splits; ++s) {  // fixed order: deterministic
         const Float4 lo = *reinterpret_cast<const Float4*>(src + s * slice);
