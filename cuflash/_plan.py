@@ -52,13 +52,13 @@ class ForwardConfig:
 _FORWARD_CONFIGS = {
     # HD: (non-causal shapes, causal shapes)
     32: ([(64, 64, 4)], [(64, 64, 4)]),
-    64: ([(64, 64, 4)], [(64, 64, 4)]),
-    96: ([(64, 64, 4)], [(64, 64, 4)]),
-    128: ([(64, 128, 4)], [(64, 64, 4)]),
+    64: ([(128, 64, 4)], [(128, 64, 4)]),
+    96: ([(128, 32, 4)], [(128, 32, 4)]),
+    128: ([(64, 128, 4)], [(64, 128, 4)]),
     160: ([(128, 64, 8)], [(128, 64, 8)]),
     192: ([(128, 64, 8)], [(128, 64, 8)]),
     224: ([(128, 32, 8)], [(128, 32, 8)]),
-    256: ([(64, 32, 4)], [(64, 32, 4)]),
+    256: ([(64, 64, 4)], [(64, 64, 4)]),
 }
 
 
@@ -152,9 +152,9 @@ def fa1_finalize_name(dtype_name: str) -> str:
 
 # ---- backward ----------------------------------------------------------------------------
 # The buckets are coarser than the forward's: a warp layout that splits the head dim across
-# warps needs whole 64-element groups, and the 96 and 192 variants spilled registers
-# (PERFORMANCE.md), so d = 96 runs the 128 kernel and 128 < d <= 256 the 256 kernel.
-BACKWARD_HEAD_DIM_BUCKETS = (32, 64, 128, 256)
+# warps needs whole 64-element groups (HD % 64 == 0), and the 96 variant spilled registers
+# (PERFORMANCE.md), so d = 96 runs the 128 kernel, 160 the 192 kernel and 224 the 256 kernel.
+BACKWARD_HEAD_DIM_BUCKETS = (32, 64, 128, 192, 256)
 
 
 def backward_head_dim_bucket(d: int) -> int:
@@ -197,7 +197,8 @@ _BACKWARD_CONFIGS = {
     32: [(128, 128, 8, 4, 8, 8, 2), (128, 128, 8, 4, 8, 8, 1)],
     64: [(128, 128, 8, 2, 4, 4, 2), (128, 128, 8, 2, 4, 4, 1), (64, 128, 8, 2, 4, 2, 1)],
     128: [(64, 128, 8, 2, 4, 2, 2), (64, 128, 8, 2, 4, 2, 1), (64, 64, 8, 4, 2, 2, 1)],
-    256: [(64, 64, 8, 4, 4, 4, 2), (64, 64, 8, 4, 4, 4, 1)],
+    192: [(64, 64, 8, 4, 2, 2, 2)],
+    256: [(64, 64, 8, 4, 4, 4, 2), (64, 64, 8, 4, 4, 2, 1)],
 }
 
 
@@ -230,22 +231,35 @@ def backward_dq_name(dtype_name: str) -> str:
     return f"cuflash::fa2_backward_dq<{ELEMENT_TAGS[dtype_name]}>"
 
 
-def all_specialisations() -> list[tuple[str, str]]:
-    """(kernel file, name expression) of every kernel the package may launch."""
+# The architecture the CPU compile check builds each shared-memory class for: sm_86/89/120
+# (99 KB) and sm_80 (163 KB) are checked as sm_80, sm_90 (227 KB) as sm_90.
+ARCH_SMEM = {"80": (99 * 1024, 163 * 1024), "90": (227 * 1024,)}
+
+
+def all_specialisations(arch: str | None = None) -> list[tuple[str, str]]:
+    """(kernel file, name expression) of every kernel the package may launch on a GPU of
+    architecture class `arch` ("80" or "90", see ARCH_SMEM), or on any GPU (None): the tile
+    shape the planner picks for each shared-memory size of that class."""
+    smems = ARCH_SMEM[arch] if arch else SMEM_CLASSES
     specs = []
     for dtype_name in ELEMENT_TAGS:
         for HD in HEAD_DIM_BUCKETS:
             for causal in (False, True):
-                for cfg in forward_configs(HD, causal):
+                for smem in smems:
+                    cfg = forward_config(HD, causal, smem)
                     specs.append((FORWARD_FILE, forward_kernel_name(dtype_name, cfg, causal)))
         for HD in BACKWARD_HEAD_DIM_BUCKETS:
-            for cfg in backward_configs(HD):
+            for smem in smems:
+                try:
+                    cfg = backward_config(HD, smem)
+                except RuntimeError:  # does not fit this class: backward() raises there
+                    continue
                 for causal in (False, True):
                     specs.append((BACKWARD_FILE, backward_kernel_name(dtype_name, cfg, causal)))
         specs.append((BACKWARD_FILE, backward_preprocess_name(dtype_name)))
         specs.append((BACKWARD_FILE, backward_dq_name(dtype_name)))
         for HD in HEAD_DIM_BUCKETS:
-            for smem in SMEM_CLASSES:  # the FA1 plan depends on the GPU's shared memory
+            for smem in smems:  # the FA1 plan depends on the GPU's shared memory
                 for causal in (False, True):
                     specs.append((FA1_FILE,
                                   fa1_kernel_name(dtype_name, fa1_config(HD, smem), causal)))

@@ -178,9 +178,11 @@ __device__ __forceinline__ int opaque(int x) {
 // loop-invariant values into local memory in the backward kernel). One group of 4 steps is 64
 // elements: 8 chunks, one whole swizzle group, so the group offset is a plain byte offset
 // (128 bytes along a row, 64 rows down a column).
-template <int KSTEPS, typename F>
+// GROUPED = false unrolls all the steps (for kernels with registers to spare: hoisted loads
+// then hide more shared-memory latency).
+template <int KSTEPS, bool GROUPED = true, typename F>
 __device__ __forceinline__ void k_loop(F&& f) {
-    if constexpr (KSTEPS > 4 && KSTEPS % 4 == 0) {
+    if constexpr (GROUPED && KSTEPS > 4 && KSTEPS % 4 == 0) {
 #pragma unroll 1
         for (int g = 0; g < KSTEPS / 4; ++g)
 #pragma unroll
@@ -301,18 +303,30 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + shfl_xor(x, 2);
 }
 
-// Atomic float add of 4 consecutive floats (16-byte aligned), one vector reduction (sm_90+).
-// Only the sum is needed, so it is a RED, not an ATOM.
-__device__ __forceinline__ void red_add_f32x4(float* p, float a, float b, float c, float d) {
+// Atomic float add of 4 consecutive floats (16-byte aligned), one vector reduction (sm_90+),
+// done only where `pred` holds. Only the sum is needed, so it is a RED, not an ATOM; the guard
+// is a PTX predicate, so a row-bounds check costs no branch.
+__device__ __forceinline__ void red_add_f32x4(bool pred, float* p, float a, float b, float c,
+                                              float d) {
 #if __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
-                 :: "l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %0, 0;\n"
+                 "@p red.global.add.v4.f32 [%1], {%2, %3, %4, %5}; }"
+                 :: "r"((int)pred), "l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 #endif
+}
+// Scalar variant (sm_80+).
+__device__ __forceinline__ void red_add_f32(bool pred, float* p, float a) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %0, 0;\n"
+                 "@p red.global.add.f32 [%1], %2; }"
+                 :: "r"((int)pred), "l"(p), "f"(a) : "memory");
 }
 
 // A compile-time bool as a type (selects the masked / unmasked variant of a loop body).
 template <bool V>
 struct Bool { static constexpr bool value = V; };
+// A compile-time int as a type (a template argument passed through a generic lambda).
+template <int V>
+struct Int { static constexpr int value = V; };
 
 #define CUFLASH_NEG_INF (__int_as_float(0xff800000))
 

@@ -89,10 +89,13 @@ struct BackwardTile {
     static constexpr int KV_MW = B_c / WM_DKV, KV_NW = HD / (NWARPS / WM_DKV);
     static constexpr int KV_MT = KV_MW / 16, KV_NT = KV_NW / 8;
     // Per-warp tile of dQ: Q_MW query rows x Q_NW head-dim columns, computed in passes of
-    // DQ_PASS n8 tiles so that at most 32 accumulators are live next to dK_j and dV_j.
+    // DQ_PASS n8 tiles so that few accumulators are live next to dK_j and dV_j (at most 32;
+    // 16 at HD > 128, where dK_j and dV_j leave no more).
     static constexpr int Q_MW = B_r / WM_DQ, Q_NW = HD / (NWARPS / WM_DQ);
     static constexpr int Q_MT = Q_MW / 16, Q_NT = Q_NW / 8;
-    static constexpr int DQ_PASS = Q_MT * Q_NT <= 8 ? Q_NT : Q_NT % 4 == 0 && Q_MT <= 2 ? 4 : 2;
+    static constexpr int DQ_TILES = HD > 128 ? 4 : 8;  // m16n8 accumulator tiles per pass
+    static constexpr int DQ_PASS = Q_MT * Q_NT <= DQ_TILES ? Q_NT
+                                 : Q_NT % 4 == 0 && Q_MT * 4 <= DQ_TILES ? 4 : 2;
     // Shared memory, in bytes.
     static constexpr int TILE_KV = B_c * HD * 2;  // K_j, V_j
     static constexpr int TILE_Q = B_r * HD * 2;   // Q_i, dO_i (QSTAGES copies each)
@@ -165,24 +168,35 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 
     // ldmatrix addressing (common.cuh: lane patterns and SwizzledReader). Six readers serve
     // the ten operands: tiles read the same way differ only by a compile-time byte offset.
-    // Each is built where it is used, from an opaque copy of the lane index, so that the
-    // compiler rebuilds it per step (a few integer ops) instead of keeping all six (24
-    // registers) live across the loop beside dK_j, dV_j, S and dP.
     const unsigned sbase = smem_u32(smem);
     constexpr unsigned OFF_K = 0, OFF_V = Tile::TILE_KV, OFF_Q = 2 * Tile::TILE_KV;
     constexpr unsigned OFF_DO = OFF_Q + QSTAGES * Tile::TILE_Q;
     constexpr unsigned OFF_P = OFF_DO + QSTAGES * Tile::TILE_Q, OFF_DS = OFF_P + Tile::TILE_P;
-    auto readers_rows_first = [&]() { const int l = opaque(lane);
-        return Lane2{lane_row_rows_first(l), lane_chunk_rows_first(l)}; };
-    auto readers_chunks_first = [&]() { const int l = opaque(lane);
-        return Lane2{lane_row_chunks_first(l), lane_chunk_chunks_first(l)}; };
+    // Readers are built at the start of each product phase. With registers to spare the
+    // compiler hoists them out of the loop; at HD > 128 they are rebuilt from an opaque copy of
+    // the lane index (a few integer ops per phase), so that only the two a phase uses are live.
+    constexpr bool REBUILD = HD > 128;
+    auto lane_id = [&]() { return REBUILD ? opaque(lane) : lane; };
+    // A from a row-major tile, or B (.trans) from a [k][n] tile
+    auto rows_first = [&](auto cols, unsigned tile, int chunk_offset) {
+        const int l = lane_id();
+        return SwizzledReader<decltype(cols)::value>(tile, lane_row_rows_first(l),
+                                                     lane_chunk_rows_first(l), chunk_offset);
+    };
+    // B from an [n][k] tile, or A (.trans) from a [k][m] tile
+    auto chunks_first = [&](auto cols, unsigned tile, int chunk_offset) {
+        const int l = lane_id();
+        return SwizzledReader<decltype(cols)::value>(tile, lane_row_chunks_first(l),
+                                                     lane_chunk_chunks_first(l), chunk_offset);
+    };
 
-    // Q_i, dO_i, L_i, D_i: HBM -> shared buffer `buf` (cp.async; caller commits).
-    // The pointers are rebuilt from the kernel arguments on every call (opaque copies of the
-    // indices): a few integer ops per row block instead of ~10 registers held across the loop.
+    // Q_i, dO_i, L_i, D_i: HBM -> shared buffer `buf` (cp.async; caller commits). At HD > 128
+    // the pointers are rebuilt from the kernel arguments on every call (opaque copies of the
+    // indices): integer ops per row block instead of ~10 registers held across the loop.
     auto load_row_block = [&](int i, int buf) {
-        const int row0 = i * B_r, t = opaque(tid);
-        const long long b = opaque(batch), h = opaque(head);
+        const int row0 = i * B_r, t = REBUILD ? opaque(tid) : tid;
+        const long long b = REBUILD ? opaque(batch) : batch;
+        const long long h = REBUILD ? opaque(head) : head;
         load_tile_async<B_r, HD, NTHREADS>(
             sQ + buf * B_r * HD, Q + b * q_stride_b + h * q_stride_h + row0 * q_stride_s,
             q_stride_s, seqlen_q - row0, chunks, t);
@@ -231,9 +245,8 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 
             // This warp's (S_MW x S_NW) tile of S_ij, P_ij, dP_ij and dS_ij. MMA operands:
             // A = this warp's query rows of Q_i / dO_i, B = this warp's keys of K_j / V_j.
-            const Lane2 rs = readers_rows_first(), cs = readers_chunks_first();
-            const SwizzledReader<HD> rd_s_a(sbase + s_m * Tile::S_MW * HD * 2, rs.row, rs.chunk);
-            const SwizzledReader<HD> rd_s_b(sbase + s_n * Tile::S_NW * HD * 2, cs.row, cs.chunk);
+            const auto rd_s_a = rows_first(Int<HD>{}, sbase + s_m * Tile::S_MW * HD * 2, 0);
+            const auto rd_s_b = chunks_first(Int<HD>{}, sbase + s_n * Tile::S_NW * HD * 2, 0);
             // acc += A B^T over the head dim, for A at byte offset off_a and B at off_b.
             auto product = [&](float (&acc)[S_MT][S_NT][4], unsigned off_a, unsigned off_b) {
 #pragma unroll
@@ -262,8 +275,8 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             // The rows a lane holds are all = lane / 4 (mod 8), so in the [query row][key]
             // tiles of P and dS the swizzled chunk depends on nt alone and the row offset is a
             // compile-time constant.
-            const int l8 = opaque(lane) / 4, r_lane = s_m * Tile::S_MW + l8;
-            const int st_base = r_lane * B_c + (opaque(lane) % 4) * 2;
+            const int l8 = lane_id() / 4, r_lane = s_m * Tile::S_MW + l8;
+            const int st_base = r_lane * B_c + (lane_id() % 4) * 2;
             auto st_offset = [&](int mt, int e2, int nt) {
                 return st_base + (mt * 16 + e2 * 8) * B_c + (((s_n * Tile::S_NW / 8 + nt) ^ l8) * 8);
             };
@@ -283,7 +296,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                     const float l2 = sL[buf * B_r + r] * LOG2E;
                     // visible keys of row r within this warp's keys, from its first column
                     const int limit = visible_limit<CAUSAL>(row0 + r, seqlen_q, seqlen_k) -
-                                      col0 - s_n * Tile::S_NW - (opaque(lane) % 4) * 2;
+                                      col0 - s_n * Tile::S_NW - (lane_id() % 4) * 2;
 #pragma unroll
                     for (int nt = 0; nt < S_NT; ++nt) {
                         float p[2];
@@ -325,9 +338,8 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             // B (.trans): this warp's head-dim part of dO_i / Q_i. One product after the
             // other, so that only one product's fragments are live beside dK_j and dV_j.
             {
-                const Lane2 rf = readers_rows_first(), cf = readers_chunks_first();
-                const SwizzledReader<B_c> rd_kv_a(sbase, cf.row, cf.chunk, kv_m * Tile::KV_MW / 8);
-                const SwizzledReader<HD> rd_kv_b(sbase, rf.row, rf.chunk, kv_n * Tile::KV_NW / 8);
+                const auto rd_kv_a = chunks_first(Int<B_c>{}, sbase, kv_m * Tile::KV_MW / 8);
+                const auto rd_kv_b = rows_first(Int<HD>{}, sbase, kv_n * Tile::KV_NW / 8);
                 // acc += A^T B, for A at byte offset off_a and B at off_b.
                 auto product_t = [&](float (&acc)[KV_MT][KV_NT][4], unsigned off_a,
                                      unsigned off_b) {
@@ -357,9 +369,8 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             // dQ_i += dS_ij K_j, this warp's (Q_MW x Q_NW) tile; k = the B_c keys. Added to
             // dQ_accum with float atomics, one pass of DQ_PASS n8 tiles at a time.
             // A: this warp's query rows of dS; B (.trans): this warp's head-dim part of K_j.
-            const Lane2 rq = readers_rows_first();
-            const SwizzledReader<B_c> rd_q_a(sbase + q_m * Tile::Q_MW * B_c * 2, rq.row, rq.chunk);
-            const SwizzledReader<HD> rd_q_b(sbase, rq.row, rq.chunk, q_n * Tile::Q_NW / 8);
+            const auto rd_q_a = rows_first(Int<B_c>{}, sbase + q_m * Tile::Q_MW * B_c * 2, 0);
+            const auto rd_q_b = rows_first(Int<HD>{}, sbase, q_n * Tile::Q_NW / 8);
             // this warp's first dQ column, in slice `split` of dQ_accum
             const long long split = deterministic ? opaque(blockIdx.x) : 0;
             float* dst0 = dQ_accum + q_n * Tile::Q_NW +
@@ -391,19 +402,20 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                     }
                 });
                 // Float atomics into dQ_accum (row pitch HD: offsets are compile-time); rows
-                // past seqlen_q skipped. Columns past d receive dS times the zero padding of
-                // K_j, and are never read back.
-                const int lane_q = opaque(lane);
-                const int row_g = row0 + q_m * Tile::Q_MW + lane_q / 4;  // row g of mt = 0
+                // past seqlen_q skipped (they occur only in the masked variant, which the last,
+                // partial row block always takes). Columns past d receive dS times the zero
+                // padding of K_j, and are never read back.
+                const int ln = lane_id();
+                const int row_g = row0 + q_m * Tile::Q_MW + ln / 4;  // row g of mt = 0
 #if __CUDA_ARCH__ >= 900
                 // 4 consecutive columns per instruction: lanes 2t and 2t+1 swap halves so that
                 // the even lane holds row g and the odd lane row g + 8 of columns
                 // 4 (t / 2) .. 4 (t / 2) + 3.
-                const bool odd = lane_q & 1;
+                const bool odd = ln & 1;
                 const int my_row = row_g + (odd ? 8 : 0);
-                float* dst = dst0 + (long long)my_row * HD + ((lane_q % 4) & ~1) * 2;
+                float* dst = dst0 + (long long)my_row * HD + ((ln % 4) & ~1) * 2;
 #else
-                float* dst = dst0 + (long long)row_g * HD + (lane_q % 4) * 2;
+                float* dst = dst0 + (long long)row_g * HD + (ln % 4) * 2;
 #endif
 #pragma unroll
                 for (int mt = 0; mt < Q_MT; ++mt) {
@@ -414,16 +426,15 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 #if __CUDA_ARCH__ >= 900
                         const float r0 = shfl_xor(odd ? c[0] : c[2], 1);
                         const float r1 = shfl_xor(odd ? c[1] : c[3], 1);
-                        if (my_row + mt * 16 < seqlen_q)
-                            red_add_f32x4(p, odd ? r0 : c[0], odd ? r1 : c[1],
-                                          odd ? c[2] : r0, odd ? c[3] : r1);
+                        red_add_f32x4(!MASK || my_row + mt * 16 < seqlen_q, p, odd ? r0 : c[0],
+                                      odd ? r1 : c[1], odd ? c[2] : r0, odd ? c[3] : r1);
 #else
 #pragma unroll
                         for (int e2 = 0; e2 < 2; ++e2)
-                            if (row_g + mt * 16 + e2 * 8 < seqlen_q)
 #pragma unroll
-                                for (int e1 = 0; e1 < 2; ++e1)
-                                    atomicAdd(p + e2 * 8 * HD + e1, c[e2 * 2 + e1]);
+                            for (int e1 = 0; e1 < 2; ++e1)
+                                red_add_f32(!MASK || row_g + mt * 16 + e2 * 8 < seqlen_q,
+                                            p + e2 * 8 * HD + e1, c[e2 * 2 + e1]);
 #endif
                     }
                 }
@@ -440,7 +451,8 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                 load_row_block(i + 1, buf ^ 1);
                 cp_async_commit();
             }
-            if (block_needs_mask<B_r, B_c, CAUSAL>(i, j, seqlen_q, seqlen_k))
+            if (block_needs_mask<B_r, B_c, CAUSAL>(i, j, seqlen_q, seqlen_k) ||
+                (i + 1) * B_r > seqlen_q)
                 step(i, buf, Bool<true>{});
             else
                 step(i, buf, Bool<false>{});

@@ -46,6 +46,13 @@ struct ForwardTile {
     static constexpr int KS_PV = B_c / 16;         // k16 steps of P~_ij V_j
     // Shared memory, in elements: Q_i (B_r x HD), K_j (B_c x HD), V_j (B_c x HD).
     static constexpr int SMEM_ELEMS = (B_r + 2 * B_c) * HD;
+    // Thread blocks per SM the register file is planned for: O~_i and S_ij accumulators plus
+    // about 64 registers of addresses, fragments and softmax state per thread. Passed to
+    // __launch_bounds__ so that ptxas aims at that occupancy (left to itself it aimed small
+    // tiles at 96 registers and spilled).
+    static constexpr int REGS_EST = MT * (NT_O + NT_S) * 4 + 64;
+    static constexpr int MIN_BLOCKS = 65536 / (NWARPS * 32 * ((REGS_EST + 7) / 8 * 8)) < 1 ? 1
+                                    : 65536 / (NWARPS * 32 * ((REGS_EST + 7) / 8 * 8));
 
     static_assert(HD % 32 == 0 && HD <= 256, "head-dim bucket must be a multiple of 32, <= 256");
     static_assert(B_r % (16 * NWARPS) == 0, "each warp owns whole m16 tiles of rows");
@@ -60,7 +67,7 @@ struct ForwardTile {
 // contiguous); q head h reads kv head h / group (MQA/GQA). O has Q's shape (its own strides);
 // L is float32 (batch, heads, seqlen_q), contiguous.
 template <typename T, int HD, int B_r, int B_c, int NWARPS, bool CAUSAL>
-__global__ void __launch_bounds__(NWARPS * 32)
+__global__ void __launch_bounds__(NWARPS * 32, (ForwardTile<HD, B_r, B_c, NWARPS>::MIN_BLOCKS))
 fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             const elem_t* __restrict__ V, elem_t* __restrict__ O, float* __restrict__ L,
             int seqlen_q, int seqlen_k, int d, int group,
@@ -84,12 +91,18 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     //   Q_i (A, row-major):   lane reads row (lane % 8) + 8 * ((lane / 8) % 2), chunk lane / 16
     //   K_j (B, K^T columns): lane reads row (lane % 8) + 8 * (lane / 16),     chunk (lane / 8) % 2
     //   V_j (B, .trans):      lane reads row (lane % 8) + 8 * ((lane / 8) % 2), chunk lane / 16
-    const SwizzledReader<HD> readQ(smem_u32(sQ) + warp * RPW * HD * 2,
-                                   lane_row_rows_first(lane), lane_chunk_rows_first(lane));
-    const SwizzledReader<HD> readK(smem_u32(sK), lane_row_chunks_first(lane),
-                                   lane_chunk_chunks_first(lane));
-    const SwizzledReader<HD> readV(smem_u32(sV), lane_row_rows_first(lane),
-                                   lane_chunk_rows_first(lane));
+    // At 32 rows per warp the readers are built where they are used, from an opaque copy of the
+    // lane index, so that their 12 registers are not held across the loop beside O~_i and S_ij
+    // (see `opaque`); at 16 rows per warp there is room to keep them.
+    auto rows_first = [&](const elem_t* tile) {
+        const int l = MT > 1 ? opaque(lane) : lane;
+        return SwizzledReader<HD>(smem_u32(tile), lane_row_rows_first(l), lane_chunk_rows_first(l));
+    };
+    auto chunks_first = [&](const elem_t* tile) {
+        const int l = MT > 1 ? opaque(lane) : lane;
+        return SwizzledReader<HD>(smem_u32(tile), lane_row_chunks_first(l),
+                                  lane_chunk_chunks_first(l));
+    };
     // Causal row blocks near the bottom visit the most column blocks: launch them first.
     const int row_block = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
@@ -98,16 +111,23 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     const int chunks = d / 8;          // 16-byte chunks of real data per row
 
     const elem_t* q = Q + batch * q_stride_b + row0 * q_stride_s + head * q_stride_h;
-    const elem_t* k = K + batch * k_stride_b + head_k * k_stride_h;
-    const elem_t* v = V + batch * v_stride_b + head_k * v_stride_h;
+    // K_j, V_j: HBM -> shared (cp.async; caller commits). At 32 rows per warp the pointers are
+    // rebuilt per call from the kernel arguments rather than held in registers.
+    auto load_kv = [&](elem_t* dst, const elem_t* base, long long stride_b, long long stride_h,
+                       long long stride_s, int col0) {
+        const long long b = MT > 1 ? opaque(batch) : batch;
+        const long long hk = MT > 1 ? opaque(head_k) : head_k;
+        load_tile_async<B_c, HD, NTHREADS>(dst, base + b * stride_b + hk * stride_h +
+                                                    col0 * stride_s,
+                                           stride_s, seqlen_k - col0, chunks,
+                                           MT > 1 ? opaque(tid) : tid);
+    };
 
     const ColumnBlocks cb = column_blocks<B_r, B_c, CAUSAL>(row_block, seqlen_q, seqlen_k);
 
     // Q_i: HBM -> shared, with K_{begin} in the same cp.async group.
     load_tile_async<B_r, HD, NTHREADS>(sQ, q, q_stride_s, seqlen_q - row0, chunks, tid);
-    if (cb.begin < cb.end)
-        load_tile_async<B_c, HD, NTHREADS>(sK, k + cb.begin * B_c * k_stride_s, k_stride_s,
-                                          seqlen_k - cb.begin * B_c, chunks, tid);
+    if (cb.begin < cb.end) load_kv(sK, K, k_stride_b, k_stride_h, k_stride_s, cb.begin * B_c);
     cp_async_commit();
 
     // Per-thread state. Accumulator fragment layout of mma m16n8k16: lane holds rows
@@ -133,8 +153,7 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         __syncthreads();  // K_j is in shared memory; every warp is done with V_{j-1}
 
         // V_j: HBM -> shared, overlapping S_ij = Q_i K_j^T below.
-        load_tile_async<B_c, HD, NTHREADS>(sV, v + col0 * v_stride_s, v_stride_s,
-                                          seqlen_k - col0, chunks, tid);
+        load_kv(sV, V, v_stride_b, v_stride_h, v_stride_s, col0);
         cp_async_commit();
 
         // S_ij = Q_i K_j^T: (RPW x B_c) per warp. A = Q_i rows (ldmatrix), B = K_j rows
@@ -146,22 +165,26 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < Tile::KS_QK; ++kk) {
+        const SwizzledReader<HD> readQ = rows_first(sQ + warp * RPW * HD);
+        const SwizzledReader<HD> readK = chunks_first(sK);
+        // Grouped k loop only at 32 rows per warp, where O~_i and S_ij leave no registers for
+        // hoisted fragments (measured: grouping costs 13% at 16 rows per warp, d = 128).
+        k_loop<Tile::KS_QK, (MT > 1)>([&](int kk, int g) {  // head-dim chunks 2 kk + 8 g
             unsigned a[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], readQ.at(mt * 16, kk * 2));
+            for (int mt = 0; mt < MT; ++mt)
+                ldmatrix_x4(a[mt], readQ.at(mt * 16, kk * 2) + g * 128);
 #pragma unroll
             for (int nt2 = 0; nt2 < NT_S / 2; ++nt2) {
                 unsigned bk[4];  // B fragments of n8 tiles 2*nt2 and 2*nt2+1
-                ldmatrix_x4(bk, readK.at(nt2 * 16, kk * 2));
+                ldmatrix_x4(bk, readK.at(nt2 * 16, kk * 2) + g * 128);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     T::mma(s[mt][2 * nt2], a[mt], bk[0], bk[1]);
                     T::mma(s[mt][2 * nt2 + 1], a[mt], bk[2], bk[3]);
                 }
             }
-        }
+        });
 
         // Mask (only on blocks that cross the causal diagonal or the end of K):
         // S_ij[r, c] = -inf where key c is not visible from query r.
@@ -217,16 +240,18 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         cp_async_wait<0>();
         __syncthreads();  // V_j is in shared memory; every warp is done reading K_j
         // K_{j+1}: HBM -> shared, overlapping O~_i += P~_ij V_j below.
-        if (j + 1 < cb.end)
-            load_tile_async<B_c, HD, NTHREADS>(sK, k + (col0 + B_c) * k_stride_s, k_stride_s,
-                                              seqlen_k - col0 - B_c, chunks, tid);
+        if (j + 1 < cb.end) load_kv(sK, K, k_stride_b, k_stride_h, k_stride_s, col0 + B_c);
         cp_async_commit();
 
         // O~_i += P~_ij V_j. The S accumulators of n8 tiles 2kk and 2kk+1 are exactly the A
         // fragment of a 16x16 tile of P~, so P~ goes from registers straight into the mma.
         // B = V_j rows read with ldmatrix .trans.
+        const SwizzledReader<HD> readV = rows_first(sV);
 #pragma unroll
         for (int kk = 0; kk < Tile::KS_PV; ++kk) {
+            // At 32 rows per warp, a warp barrier per k step keeps ptxas from hoisting every
+            // V_j fragment of the product ahead of the MMAs (which spilled O~_i, S_ij).
+            if (MT > 1 && kk > 0) __syncwarp();
             unsigned p[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {

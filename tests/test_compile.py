@@ -1,4 +1,5 @@
-"""CPU: every kernel specialisation compiles (sm_80 and sm_90) with no register spills, the
+"""CPU: every kernel specialisation compiles with no register spills for the architecture
+class it is planned for (sm_80 / sm_90, _plan.ARCH_SMEM), the
 loader inlines headers so that the cache key follows them, and compile errors name the file
 and line. Uses the machine's nvcc (no GPU needed)."""
 
@@ -17,7 +18,7 @@ def reports():
 
 @needs_nvcc
 def test_every_specialisation_compiles_without_spills(reports):
-    assert len(reports) == len(_plan.all_specialisations()) * len(compile_check.ARCHS)
+    assert len(reports) == sum(len(_plan.all_specialisations(a)) for a in compile_check.ARCHS)
     spills = [r for r in reports if r.spill_stores or r.spill_loads or r.stack]
     assert not spills, "register spills / stack use:\n" + "\n".join(map(str, spills))
     assert all(r.registers <= 255 for r in reports)
