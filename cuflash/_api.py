@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -22,7 +23,13 @@ def _cupy():
 
 
 def _dtype_name(dtype) -> str:
-    return np.dtype(dtype).name
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
+    return name
+
+
+_DTYPE_NAMES: dict = {}
 
 
 def _check_type(cupy, name: str, x) -> None:
@@ -50,8 +57,13 @@ def _check_layout(name: str, x) -> None:
 def _check_device(cupy, arrays: dict) -> int:
     """The id of the one GPU holding every array; it must be sm_80 or newer."""
     device_id = _common_device({name: a.device.id for name, a in arrays.items()})
-    _check_capability(device_id, int(cupy.cuda.Device(device_id).compute_capability))
+    if device_id not in _capable_devices:  # (a device's capability never changes)
+        _check_capability(device_id, int(cupy.cuda.Device(device_id).compute_capability))
+        _capable_devices.add(device_id)
     return device_id
+
+
+_capable_devices: set = set()
 
 
 def _common_device(devices: dict) -> int:
@@ -70,13 +82,32 @@ def _check_capability(device_id: int, cc: int) -> None:
 def _aligned(cupy, x):
     """x itself when every row starts on a 16-byte boundary (cp.async needs it), else an
     aligned contiguous copy (possible only for views at odd offsets; correct, just slower)."""
-    ok = x.size == 0 or x.data.ptr % 16 == 0 and all(
-        (s // x.itemsize) % 8 == 0 for s, n in zip(x.strides[:-1], x.shape[:-1]) if n > 1)
+    ok = x.size == 0 or x.data.ptr % 16 == 0 and _rows_aligned(x.shape, x.strides, x.itemsize)
     return x if ok else x.copy()  # a fresh allocation is 256-byte aligned and contiguous
 
 
+@lru_cache(maxsize=1024)
+def _rows_aligned(shape, strides, itemsize) -> bool:
+    return all((s // itemsize) % 8 == 0 for s, n in zip(strides[:-1], shape[:-1]) if n > 1)
+
+
 def _check_shapes(q, k, v) -> None:
-    """Every check that needs only shapes, dtypes and strides (no GPU)."""
+    """Every check that needs only shapes, dtypes and strides (no GPU). Layouts that passed
+    once are remembered: training loops call with the same few layouts every step."""
+    key = (q.shape, k.shape, v.shape, q.strides, k.strides, v.strides, q.dtype, k.dtype,
+           v.dtype)
+    if key in _layouts_ok:
+        return
+    _check_shapes_uncached(q, k, v)
+    if len(_layouts_ok) > 1024:
+        _layouts_ok.clear()
+    _layouts_ok.add(key)
+
+
+_layouts_ok: set = set()
+
+
+def _check_shapes_uncached(q, k, v) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_layout(name, x)
     if not (q.dtype == k.dtype == v.dtype):
@@ -134,8 +165,11 @@ def _softmax_scale(softmax_scale, d: int) -> float:
 
 
 def _strides(x) -> tuple:
-    """(batch, seq, head) strides in elements, as the kernels' int64 arguments."""
-    return tuple(np.int64(s // x.itemsize) for s in x.strides[:3])
+    """(batch, seq, head) strides in elements, as the kernels' int64 arguments (CuPy passes
+    Python ints as 64-bit integers)."""
+    size = x.itemsize
+    st = x.strides
+    return (st[0] // size, st[1] // size, st[2] // size)
 
 
 def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *,
@@ -191,14 +225,21 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
         if out.size == 0:
             return out, lse
         q, k, v = (_aligned(cupy, x) for x in (q, k, v))
-        HD = _plan.head_dim_bucket(d)
         if algorithm == "fa1":
+            HD = _plan.head_dim_bucket(d)
             _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose)
             return out, lse
-        cfg = _config or _plan.forward_config(HD, causal, _max_smem(cupy, device_id))
-        kernel = _loader.get_kernel(
-            _plan.FORWARD_FILE, _plan.forward_kernel_name(_dtype_name(q.dtype), cfg, causal))
-        _set_smem(kernel, cfg.smem_bytes)
+        # The tile shape and compiled kernel for this (device, dtype, d, mask), looked up once.
+        key = (device_id, q.dtype, d, bool(causal), _config)
+        launch = _forward_launches.get(key)
+        if launch is None:
+            cfg = _config or _plan.forward_config(_plan.head_dim_bucket(d), causal,
+                                                  _max_smem(cupy, device_id))
+            kernel = _loader.get_kernel(
+                _plan.FORWARD_FILE, _plan.forward_kernel_name(_dtype_name(q.dtype), cfg, causal))
+            _set_smem(kernel, cfg.smem_bytes)
+            launch = _forward_launches[key] = (cfg, kernel)
+        cfg, kernel = launch
         grid = ((seqlen_q + cfg.B_r - 1) // cfg.B_r, nheads, batch)
         if verbose:
             print(f"FA2 plan: B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.nwarps} warps, grid "
@@ -211,6 +252,9 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
                 np.float32(scale), np.float32(scale * math.log2(math.e))),
                shared_mem=cfg.smem_bytes)
     return out, lse
+
+
+_forward_launches: dict = {}
 
 
 def _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose):
@@ -332,14 +376,25 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
                 g.fill(0)
             return dq, dk, dv
         q, k, v, dout, out = (_aligned(cupy, x) for x in (q, k, v, dout, out))
-        dtype_name = _dtype_name(q.dtype)
-        cfg = _config or _plan.backward_config(_plan.backward_head_dim_bucket(d),
-                                               _max_smem(cupy, device_id))
+        # The tile shape and the three compiled kernels, looked up once per configuration.
+        key = (device_id, q.dtype, d, bool(causal), _config)
+        launch = _backward_launches.get(key)
+        if launch is None:
+            dtype_name = _dtype_name(q.dtype)
+            cfg = _config or _plan.backward_config(_plan.backward_head_dim_bucket(d),
+                                                   _max_smem(cupy, device_id))
+            main = _loader.get_kernel(_plan.BACKWARD_FILE,
+                                      _plan.backward_kernel_name(dtype_name, cfg, causal))
+            _set_smem(main, cfg.smem_bytes)
+            launch = _backward_launches[key] = (
+                cfg, _loader.get_kernel(_plan.BACKWARD_FILE,
+                                        _plan.backward_preprocess_name(dtype_name)),
+                main, _loader.get_kernel(_plan.BACKWARD_FILE, _plan.backward_dq_name(dtype_name)))
+        cfg, pre, main, fin = launch
 
         # 1. D = rowsum(dO ∘ O), float32 (batch, heads, seqlen_q)
         Dsum = cupy.empty((batch, nheads, seqlen_q), dtype=cupy.float32)
         lanes = 1 << max(0, (d // 8 - 1).bit_length())  # lanes per row: pow2 >= d / 8
-        pre = _loader.get_kernel(_plan.BACKWARD_FILE, _plan.backward_preprocess_name(dtype_name))
         pre(((seqlen_q + 128 // lanes - 1) // (128 // lanes), nheads, batch), (128,),
             (out, dout, Dsum, np.int32(seqlen_q), np.int32(d), np.int32(lanes),
              *_strides(out), *_strides(dout)))
@@ -354,9 +409,6 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
             dv_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
         else:
             dk_buf, dv_buf = dk, dv
-        main = _loader.get_kernel(_plan.BACKWARD_FILE,
-                                  _plan.backward_kernel_name(dtype_name, cfg, causal))
-        _set_smem(main, cfg.smem_bytes)
         main((splits if deterministic else T_c, nheads, batch), (cfg.threads,),
              (q, k, v, dout, lse, Dsum, dq_accum, dk_buf, dv_buf,
               np.int32(bool(deterministic)), np.int32(group > 1),
@@ -366,7 +418,6 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
              shared_mem=cfg.smem_bytes)
 
         # 3. dQ = scale * sum of the slices, in the input dtype
-        fin = _loader.get_kernel(_plan.BACKWARD_FILE, _plan.backward_dq_name(dtype_name))
         fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), (128,),
             (dq_accum, dq, np.int32(splits), np.int32(seqlen_q), np.int32(d), np.int32(cfg.HD),
              *_strides(dq),
@@ -375,6 +426,9 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
             for buf, g in ((dk_buf, dk), (dv_buf, dv)):
                 g[...] = buf.reshape(batch, seqlen_k, nheads_k, group, d).sum(axis=3)
     return dq, dk, dv
+
+
+_backward_launches: dict = {}
 
 
 def _deterministic_splits(cupy, device_id: int, T_c: int, bh: int) -> int:
