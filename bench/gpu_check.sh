@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check that CI (no GPU) cannot run, in one call on a GPU machine:
-#   bash bench/gpu_check.sh [tests] [bench] [grid] [sweep] [demo]   (default: all)
+#   bash bench/gpu_check.sh [tests] [bench] [grid] [parity] [sweep] [demo]   (default: all)
 # Logs and JSON go to $OUT (default ./gpu-logs). Runs from the working tree (PYTHONPATH=.),
 # as on the H200 test machine, where nothing can be pip-installed.
 set -uo pipefail
@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-steps=${*:-tests bench grid sweep demo}
+steps=${*:-tests bench grid parity sweep demo}
 status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 
@@ -27,6 +27,15 @@ for step in $steps; do
     grid)  # the standard grid, every provider (bench/plot.py, bench/claims.py read the JSON)
       python3 bench/bench.py --grid --reps 20 --warmup 3 --json "$OUT/grid_h200.json" \
         2>&1 | tee "$OUT/grid.log" | grep -E "^\[|failed" ;;
+    parity)  # issue 5: cuflash vs FA2 at every grid point and at the other head-dim buckets
+      python3 bench/bench.py --grid --providers cuflash,torch-flash --reps 20 --warmup 3 \
+        --json "$OUT/grid_h200_parity.json" 2>&1 | tee "$OUT/parity_grid.log" | grep -E "^\[|failed"
+      python3 bench/bench.py --grid --providers cuflash,torch-flash --reps 20 --warmup 3 \
+        --dtypes bf16 --headdims 32,96,160,192,224,256 --seqlens 4096 \
+        --json "$OUT/buckets_h200_parity.json" 2>&1 | tee "$OUT/parity_buckets.log" \
+        | grep -E "^\[|failed"
+      python3 bench/parity.py "$OUT/grid_h200_parity.json" "$OUT/buckets_h200_parity.json" \
+        --out "$OUT/parity_h200.md" | sed -n '/## Summary/,/## Every/p' ;;
     sweep)  # tile shapes per head dim (tuning; see PERFORMANCE.md)
       python3 bench/bench.py --headdim 64 --heads 32 --providers cuflash,torch-flash \
         --configs 128x64x8,128x128x8,64x64x4,128x32x4,128x64x4 || status=1

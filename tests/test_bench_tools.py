@@ -67,3 +67,15 @@ def test_table_has_every_point(grid_json):
     text = claims.table(json.loads(grid_json.read_text()), "bf16")
     assert text.count("\n| fwd |") == 12 and text.count("\n| bwd |") == 12
     assert "0.94x" in text  # 300 / 320
+
+
+def test_parity_report_lists_ratios_and_points_below_target(grid_json, tmp_path):
+    parity = _load("parity")
+    out = tmp_path / "parity.md"
+    assert parity.main([str(grid_json), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.count("\n| fwd | bf16 |") == 12 + 2 and text.count("\n| bwd | bf16 |") == 12 + 2
+    assert "**0.94x**" in text            # 300 / 320: below the 1.0x target of d 64 and 128
+    assert "1.36x" in text                # deterministic 220 vs default 300 TFLOP/s: time ratio
+    assert "deterministic 1.36x the default's time" in text
+    assert "- none" not in text
