@@ -35,7 +35,7 @@ for step in $steps; do
         --json "$OUT/buckets_h200_parity.json" 2>&1 | tee "$OUT/parity_buckets.log" \
         | grep -E "^\[|failed"
       python3 bench/parity.py "$OUT/grid_h200_parity.json" "$OUT/buckets_h200_parity.json" \
-        --out "$OUT/parity_h200.md" | sed -n '/## Summary/,/## Every/p' ;;
+        --out "$OUT/parity_h200.md" && sed -n '/## Summary/,/## Every/p' "$OUT/parity_h200.md" ;;
     sweep)  # tile shapes per head dim (tuning; see PERFORMANCE.md)
       python3 bench/bench.py --headdim 64 --heads 32 --providers cuflash,torch-flash \
         --configs 128x64x8,128x128x8,64x64x4,128x32x4,128x64x4 || status=1

@@ -98,7 +98,8 @@ def main(argv=None) -> int:
     out = "\n".join(text) + "\n"
     if args.out:
         Path(args.out).write_text(out)
-    print(out)
+    else:
+        print(out)
     return 0
 
 
