@@ -219,10 +219,6 @@ __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                  :: "r"(dst), "l"(src), "r"(src_size));
 }
-// Unpredicated variant: all 16 bytes are in bounds.
-__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src));
-}
 // 4-byte variant (cp.async.ca), for float vectors whose rows need not be 16-byte aligned.
 __device__ __forceinline__ void cp_async_4(unsigned dst, const void* src, bool valid) {
     int src_size = valid ? 4 : 0;
@@ -259,16 +255,6 @@ __device__ __forceinline__ void load_tile_async(elem_t* smem, const elem_t* src,
             dst[p] = base + 2u * tile_offset<COLS>(r0 + p * ROWS_PER_IT, c);
         const elem_t* g = src + r0 * row_stride + c * 8;
         const long long g_step = ROWS_PER_IT * row_stride;  // bumped, not recomputed per row
-        if (rows_valid >= ROWS && chunks_valid >= NC) {
-            // The whole tile is in bounds (every tile but the last of a ragged sequence, and
-            // every one when d fills the bucket): no per-row predicates or zero fill.
-#pragma unroll
-            for (int it = 0; it < (ROWS + ROWS_PER_IT - 1) / ROWS_PER_IT; ++it, g += g_step) {
-                if (ROWS % ROWS_PER_IT != 0 && r0 + it * ROWS_PER_IT >= ROWS) break;
-                cp_async_16(dst[it % PERIOD] + (it / PERIOD) * PERIOD * ROWS_PER_IT * COLS * 2, g);
-            }
-            return;
-        }
 #pragma unroll
         for (int it = 0; it < (ROWS + ROWS_PER_IT - 1) / ROWS_PER_IT; ++it, g += g_step) {
             const int r = r0 + it * ROWS_PER_IT;
