@@ -161,9 +161,6 @@ __device__ __forceinline__ int lane_chunk_rows_first(int l) { return l / 16; }
 __device__ __forceinline__ int lane_row_chunks_first(int l) { return l % 8 + 8 * (l / 16); }
 __device__ __forceinline__ int lane_chunk_chunks_first(int l) { return (l / 8) % 2; }
 
-// A lane's (row, chunk) under one of the patterns above.
-struct Lane2 { int row, chunk; };
-
 // x, as a value the compiler cannot see through: work derived from it is redone where it is
 // written instead of being hoisted out of a loop into registers that stay live.
 __device__ __forceinline__ int opaque(int x) {
@@ -191,6 +188,45 @@ __device__ __forceinline__ void k_loop(F&& f) {
 #pragma unroll
         for (int k = 0; k < KSTEPS; ++k) f(k, 0);
     }
+}
+
+// Zero an accumulator array of m16n8 tiles.
+template <int M, int N>
+__device__ __forceinline__ void zero(float (&acc)[M][N][4]) {
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int n = 0; n < N; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
+}
+
+// The warp-level matrix product every FA2 kernel is built from:
+//     acc[mt][nt] += sum over the KSTEPS k steps of A(mt, k) B(k, nt)
+// for MT m16 tiles of A and NT n8 tiles of B (mma.sync m16n8k16, k steps through k_loop).
+// load_a(a, mt, kk, g) fills the 4-register A fragment of m16 tile mt at step kk + 4 g;
+// load_b(b, nt2, kk, g) fills 4 registers with the B fragments of n8 tiles 2 nt2 and 2 nt2 + 1
+// (one ldmatrix x4). Each A fragment then feeds NT MMAs and each B pair 2 MT.
+template <typename T, int KSTEPS, bool GROUPED = true, int MT, int NT, typename LoadA,
+          typename LoadB>
+__device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], LoadA&& load_a,
+                                         LoadB&& load_b) {
+    static_assert(NT % 2 == 0, "B fragments come in pairs of n8 tiles");
+    k_loop<KSTEPS, GROUPED>([&](int kk, int g) {
+        unsigned a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) load_a(a[mt], mt, kk, g);
+#pragma unroll
+        for (int nt2 = 0; nt2 < NT / 2; ++nt2) {
+            unsigned b[4];
+            load_b(b, nt2, kk, g);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                T::mma(acc[mt][2 * nt2], a[mt], b[0], b[1]);
+                T::mma(acc[mt][2 * nt2 + 1], a[mt], b[2], b[3]);
+            }
+        }
+    });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -86,24 +86,16 @@ fa1_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             cp_async_wait<0>();
             __syncthreads();  // Q_i (and K_j, V_j) are in shared memory
 
-            // S_ij = Q_i K_j^T: (16 x B_c) per warp.
-            float s[NT_S][4];
-#pragma unroll
-            for (int nt = 0; nt < NT_S; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; ++kk) {
-                unsigned a[4];
-                ldmatrix_x4(a, readQ.at(0, 2 * kk));
-#pragma unroll
-                for (int nt2 = 0; nt2 < NT_S / 2; ++nt2) {
-                    unsigned b[4];
+            // S_ij = Q_i K_j^T: (16 x B_c) per warp (one m16 tile: s_tiles[0]).
+            float s_tiles[1][NT_S][4];
+            float (&s)[NT_S][4] = s_tiles[0];
+            zero(s_tiles);
+            warp_mma<T, HD / 16, false>(  // k step kk = head-dim chunks 2 kk
+                s_tiles,
+                [&](unsigned (&a)[4], int, int kk, int) { ldmatrix_x4(a, readQ.at(0, 2 * kk)); },
+                [&](unsigned (&b)[4], int nt2, int kk, int) {
                     ldmatrix_x4(b, readK.at(nt2 * 16, 2 * kk));
-                    T::mma(s[2 * nt2], a, b[0], b[1]);
-                    T::mma(s[2 * nt2 + 1], a, b[2], b[3]);
-                }
-            }
+                });
             if (block_needs_mask<B_r, B_c, CAUSAL>(i, j, seqlen_q, seqlen_k)) {
 #pragma unroll
                 for (int e2 = 0; e2 < 2; ++e2) {
@@ -143,26 +135,20 @@ fa1_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             }
 
             // P~_ij V_j: (16 x HD) per warp, P~ from registers as the A operand.
-            float pv[NT_O][4];
-#pragma unroll
-            for (int nt = 0; nt < NT_O; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) pv[nt][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < B_c / 16; ++kk) {
-                unsigned p[4];
-                p[0] = T::pack(s[2 * kk][0], s[2 * kk][1]);
-                p[1] = T::pack(s[2 * kk][2], s[2 * kk][3]);
-                p[2] = T::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                p[3] = T::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-                for (int nd2 = 0; nd2 < NT_O / 2; ++nd2) {
-                    unsigned b[4];
+            float pv_tiles[1][NT_O][4];
+            float (&pv)[NT_O][4] = pv_tiles[0];
+            zero(pv_tiles);
+            warp_mma<T, B_c / 16, false>(  // k step kk = keys 16 kk
+                pv_tiles,
+                [&](unsigned (&p)[4], int, int kk, int) {
+                    p[0] = T::pack(s[2 * kk][0], s[2 * kk][1]);
+                    p[1] = T::pack(s[2 * kk][2], s[2 * kk][3]);
+                    p[2] = T::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    p[3] = T::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                },
+                [&](unsigned (&b)[4], int nd2, int kk, int) {
                     ldmatrix_x4_trans(b, readV.at(kk * 16, nd2 * 2));
-                    T::mma(pv[2 * nd2], p, b[0], b[1]);
-                    T::mma(pv[2 * nd2 + 1], p, b[2], b[3]);
-                }
-            }
+                });
 
             // The HBM round trip: read O_i, l_i, m_i, rescale, write them back.
 #pragma unroll

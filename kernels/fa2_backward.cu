@@ -248,29 +248,17 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             const auto rd_s_a = rows_first(Int<HD>{}, sbase + s_m * Tile::S_MW * HD * 2, 0);
             const auto rd_s_b = chunks_first(Int<HD>{}, sbase + s_n * Tile::S_NW * HD * 2, 0);
             // acc += A B^T over the head dim, for A at byte offset off_a and B at off_b.
+            // k step kk + 4 g = head-dim chunks 2 kk + 8 g.
             auto product = [&](float (&acc)[S_MT][S_NT][4], unsigned off_a, unsigned off_b) {
-#pragma unroll
-                for (int mt = 0; mt < S_MT; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < S_NT; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
-                k_loop<HD / 16>([&](int kk, int g) {  // head-dim chunks 2 kk + 8 g
-                    unsigned a[S_MT][4];
-#pragma unroll
-                    for (int mt = 0; mt < S_MT; ++mt)
-                        ldmatrix_x4(a[mt], rd_s_a.at(mt * 16, 2 * kk) + off_a + g * 128);
-#pragma unroll
-                    for (int nt2 = 0; nt2 < S_NT / 2; ++nt2) {
-                        unsigned b[4];
+                zero(acc);
+                warp_mma<T, HD / 16>(
+                    acc,
+                    [&](unsigned (&a)[4], int mt, int kk, int g) {
+                        ldmatrix_x4(a, rd_s_a.at(mt * 16, 2 * kk) + off_a + g * 128);
+                    },
+                    [&](unsigned (&b)[4], int nt2, int kk, int g) {
                         ldmatrix_x4(b, rd_s_b.at(nt2 * 16, 2 * kk) + off_b + g * 128);
-#pragma unroll
-                        for (int mt = 0; mt < S_MT; ++mt) {
-                            T::mma(acc[mt][2 * nt2], a[mt], b[0], b[1]);
-                            T::mma(acc[mt][2 * nt2 + 1], a[mt], b[2], b[3]);
-                        }
-                    }
-                });
+                    });
             };
             // The rows a lane holds are all = lane / 4 (mod 8), so in the [query row][key]
             // tiles of P and dS the swizzled chunk depends on nt alone and the row offset is a
@@ -340,27 +328,20 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             {
                 const auto rd_kv_a = chunks_first(Int<B_c>{}, sbase, kv_m * Tile::KV_MW / 8);
                 const auto rd_kv_b = rows_first(Int<HD>{}, sbase, kv_n * Tile::KV_NW / 8);
-                // acc += A^T B, for A at byte offset off_a and B at off_b.
+                // acc += A^T B, for A at byte offset off_a and B at off_b; k step kk + 4 g =
+                // query rows 16 kk + 64 g.
                 auto product_t = [&](float (&acc)[KV_MT][KV_NT][4], unsigned off_a,
                                      unsigned off_b) {
-                    k_loop<B_r / 16>([&](int kk, int g) {  // query rows 16 kk + 64 g
-                        unsigned a[KV_MT][4];
-#pragma unroll
-                        for (int mt = 0; mt < KV_MT; ++mt)
-                            ldmatrix_x4_trans(a[mt], rd_kv_a.at(kk * 16, 2 * mt) + off_a +
-                                                         g * 64 * B_c * 2);
-#pragma unroll
-                        for (int nd2 = 0; nd2 < KV_NT / 2; ++nd2) {
-                            unsigned b[4];
+                    warp_mma<T, B_r / 16>(
+                        acc,
+                        [&](unsigned (&a)[4], int mt, int kk, int g) {
+                            ldmatrix_x4_trans(a, rd_kv_a.at(kk * 16, 2 * mt) + off_a +
+                                                     g * 64 * B_c * 2);
+                        },
+                        [&](unsigned (&b)[4], int nd2, int kk, int g) {
                             ldmatrix_x4_trans(b, rd_kv_b.at(kk * 16, nd2 * 2) + off_b +
                                                      g * 64 * HD * 2);
-#pragma unroll
-                            for (int mt = 0; mt < KV_MT; ++mt) {
-                                T::mma(acc[mt][2 * nd2], a[mt], b[0], b[1]);
-                                T::mma(acc[mt][2 * nd2 + 1], a[mt], b[2], b[3]);
-                            }
-                        }
-                    });
+                        });
                 };
                 product_t(dv, OFF_P, OFF_DO + qoff);
                 product_t(dk, OFF_DS, OFF_Q + qoff);
@@ -378,29 +359,16 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 #pragma unroll
             for (int pass = 0; pass < Tile::Q_NT / DQ_PASS; ++pass) {
                 float dq[Q_MT][DQ_PASS][4];
-#pragma unroll
-                for (int mt = 0; mt < Q_MT; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < DQ_PASS; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) dq[mt][nt][e] = 0.f;
-                k_loop<B_c / 16>([&](int kk, int g) {  // keys 16 kk + 64 g
-                    unsigned a[Q_MT][4];
-#pragma unroll
-                    for (int mt = 0; mt < Q_MT; ++mt)
-                        ldmatrix_x4(a[mt], rd_q_a.at(mt * 16, 2 * kk) + OFF_DS + g * 128);
-#pragma unroll
-                    for (int nd2 = 0; nd2 < DQ_PASS / 2; ++nd2) {
-                        unsigned bk[4];
-                        ldmatrix_x4_trans(bk, rd_q_b.at(kk * 16, pass * DQ_PASS + nd2 * 2) +
-                                                  OFF_K + g * 64 * HD * 2);
-#pragma unroll
-                        for (int mt = 0; mt < Q_MT; ++mt) {
-                            T::mma(dq[mt][2 * nd2], a[mt], bk[0], bk[1]);
-                            T::mma(dq[mt][2 * nd2 + 1], a[mt], bk[2], bk[3]);
-                        }
-                    }
-                });
+                zero(dq);
+                warp_mma<T, B_c / 16>(  // k step kk + 4 g = keys 16 kk + 64 g
+                    dq,
+                    [&](unsigned (&a)[4], int mt, int kk, int g) {
+                        ldmatrix_x4(a, rd_q_a.at(mt * 16, 2 * kk) + OFF_DS + g * 128);
+                    },
+                    [&](unsigned (&b)[4], int nd2, int kk, int g) {
+                        ldmatrix_x4_trans(b, rd_q_b.at(kk * 16, pass * DQ_PASS + nd2 * 2) +
+                                                 OFF_K + g * 64 * HD * 2);
+                    });
                 // Float atomics into dQ_accum (row pitch HD: offsets are compile-time); rows
                 // past seqlen_q skipped (they occur only in the masked variant, which the last,
                 // partial row block always takes). Columns past d receive dS times the zero

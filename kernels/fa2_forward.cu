@@ -159,32 +159,19 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         // S_ij = Q_i K_j^T: (RPW x B_c) per warp. A = Q_i rows (ldmatrix), B = K_j rows
         // (ldmatrix without .trans: a row of K is a column of K^T).
         float s[MT][NT_S][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < NT_S; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+        zero(s);
         const SwizzledReader<HD> readQ = rows_first(sQ + warp * RPW * HD);
         const SwizzledReader<HD> readK = chunks_first(sK);
         // Grouped k loop only at 32 rows per warp, where O~_i and S_ij leave no registers for
         // hoisted fragments (measured: grouping costs 13% at 16 rows per warp, d = 128).
-        k_loop<Tile::KS_QK, (MT > 1)>([&](int kk, int g) {  // head-dim chunks 2 kk + 8 g
-            unsigned a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                ldmatrix_x4(a[mt], readQ.at(mt * 16, kk * 2) + g * 128);
-#pragma unroll
-            for (int nt2 = 0; nt2 < NT_S / 2; ++nt2) {
-                unsigned bk[4];  // B fragments of n8 tiles 2*nt2 and 2*nt2+1
-                ldmatrix_x4(bk, readK.at(nt2 * 16, kk * 2) + g * 128);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    T::mma(s[mt][2 * nt2], a[mt], bk[0], bk[1]);
-                    T::mma(s[mt][2 * nt2 + 1], a[mt], bk[2], bk[3]);
-                }
-            }
-        });
+        warp_mma<T, Tile::KS_QK, (MT > 1)>(  // k step kk + 4 g = head-dim chunks 2 kk + 8 g
+            s,
+            [&](unsigned (&a)[4], int mt, int kk, int g) {
+                ldmatrix_x4(a, readQ.at(mt * 16, kk * 2) + g * 128);
+            },
+            [&](unsigned (&b)[4], int nt2, int kk, int g) {  // n8 tiles 2 nt2, 2 nt2 + 1
+                ldmatrix_x4(b, readK.at(nt2 * 16, kk * 2) + g * 128);
+            });
 
         // Mask (only on blocks that cross the causal diagonal or the end of K):
         // S_ij[r, c] = -inf where key c is not visible from query r.
@@ -247,30 +234,21 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         // fragment of a 16x16 tile of P~, so P~ goes from registers straight into the mma.
         // B = V_j rows read with ldmatrix .trans.
         const SwizzledReader<HD> readV = rows_first(sV);
-#pragma unroll
-        for (int kk = 0; kk < Tile::KS_PV; ++kk) {
-            // At 32 rows per warp, a warp barrier per k step keeps ptxas from hoisting every
-            // V_j fragment of the product ahead of the MMAs (which spilled O~_i, S_ij).
-            if (MT > 1 && kk > 0) __syncwarp();
-            unsigned p[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                p[mt][0] = T::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                p[mt][1] = T::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                p[mt][2] = T::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                p[mt][3] = T::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-            }
-#pragma unroll
-            for (int nd2 = 0; nd2 < NT_O / 2; ++nd2) {
-                unsigned bv[4];  // B fragments of d tiles 2*nd2 and 2*nd2+1
-                ldmatrix_x4_trans(bv, readV.at(kk * 16, nd2 * 2));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    T::mma(o[mt][2 * nd2], p[mt], bv[0], bv[1]);
-                    T::mma(o[mt][2 * nd2 + 1], p[mt], bv[2], bv[3]);
-                }
-            }
-        }
+        warp_mma<T, Tile::KS_PV, false>(  // k step kk = keys 16 kk; P~ indexed at compile time
+            o,
+            [&](unsigned (&p)[4], int mt, int kk, int) {
+                // At 32 rows per warp, a warp barrier per k step bounds how far ptxas hoists
+                // V_j fragment loads ahead of the MMAs (kept as measured; its effect on
+                // registers was not isolated).
+                if (MT > 1 && kk > 0 && mt == 0) __syncwarp();
+                p[0] = T::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                p[1] = T::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                p[2] = T::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                p[3] = T::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            },
+            [&](unsigned (&b)[4], int nd2, int kk, int) {  // head-dim tiles 2 nd2, 2 nd2 + 1
+                ldmatrix_x4_trans(b, readV.at(kk * 16, nd2 * 2));
+            });
     };
     int j = cb.begin;
     for (; j < cb.masked_begin; ++j) step(j, Bool<false>{});  // blocks every row sees whole
