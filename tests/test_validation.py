@@ -114,6 +114,29 @@ def test_backward_buckets():
         _plan.backward_config(256, 99 * 1024)
 
 
+def test_each_architecture_class_builds_the_shapes_planned_for_it():
+    """The compile check builds, per architecture class, exactly the shapes the planner picks
+    for that class's shared memory, and every one of them fits it."""
+    union = {n for _, n in _plan.all_specialisations()}
+    for arch, smems in _plan.ARCH_SMEM.items():
+        names = {n for _, n in _plan.all_specialisations(arch)}
+        assert names <= union
+        for smem in smems:
+            for dt in _plan.ELEMENT_TAGS:
+                for HD in _plan.BACKWARD_HEAD_DIM_BUCKETS:
+                    if HD > 128 and smem < 144 * 1024:
+                        continue  # no backward above d 128 on 99 KB GPUs (a clear error)
+                    cfg = _plan.backward_config(HD, smem)
+                    assert cfg.smem_bytes <= smem
+                    assert _plan.backward_kernel_name(dt, cfg, True) in names
+                for HD in _plan.HEAD_DIM_BUCKETS:
+                    cfg = _plan.forward_config(HD, False, smem)
+                    assert cfg.smem_bytes <= smem
+                    assert _plan.forward_kernel_name(dt, cfg, False) in names
+    # A100 and H200 take different d = 256 backward shapes (163 KB vs 227 KB).
+    assert _plan.backward_config(256, 163 * 1024) != _plan.backward_config(256, 227 * 1024)
+
+
 def test_arrays_on_different_gpus_are_rejected():
     assert _api._common_device({"q": 1, "k": 1, "v": 1}) == 1
     with pytest.raises(ValueError, match=r"same GPU.*'k': 1"):
