@@ -34,6 +34,7 @@ class ForwardConfig:
     B_r: int     # rows of Q per thread block
     B_c: int     # rows of K/V per column block
     nwarps: int  # warps per thread block; each owns B_r / nwarps rows of Q
+    kv_stages: int = 1  # shared-memory buffers for K_j, V_j (2: the next pair loads during a step)
 
     @property
     def threads(self) -> int:
@@ -41,19 +42,20 @@ class ForwardConfig:
 
     @property
     def smem_bytes(self) -> int:
-        # Q_i (B_r x HD) + K_j (B_c x HD) + V_j (B_c x HD), 2 bytes per element.
-        return 2 * (self.B_r + 2 * self.B_c) * self.HD
+        # Q_i (B_r x HD) + kv_stages x (K_j, V_j) (B_c x HD each), 2 bytes per element.
+        return 2 * (self.B_r + 2 * self.kv_stages * self.B_c) * self.HD
 
 
-# Tile shapes (B_r, B_c, warps) per head-dim bucket and mask, in order of preference; the
-# first whose shared memory fits the device is used (sm_86/89/120 allow 99 KB per block,
-# sm_80 163 KB, sm_90 227 KB). Each is spill-free on sm_80 and sm_90 (the CPU compile check
-# enforces it) and was the fastest spill-free shape measured on the H200 (PERFORMANCE.md).
+# Tile shapes (B_r, B_c, warps[, K/V stages]) per head-dim bucket and mask, in order of
+# preference; the first whose shared memory fits the device is used (sm_86/89/120 allow 99 KB
+# per block, sm_80 163 KB, sm_90 227 KB). Each is spill-free on sm_80 and sm_90 (the CPU
+# compile check enforces it) and was the fastest spill-free shape measured on the H200
+# (PERFORMANCE.md).
 _FORWARD_CONFIGS = {
     # HD: (non-causal shapes, causal shapes)
-    32: ([(64, 64, 4)], [(64, 64, 4)]),
+    32: ([(128, 64, 4, 2)], [(128, 64, 4, 2)]),
     64: ([(128, 64, 4)], [(128, 64, 4)]),
-    96: ([(128, 32, 4)], [(128, 32, 4)]),
+    96: ([(128, 64, 4, 2)], [(128, 64, 4, 2)]),
     128: ([(64, 128, 4)], [(64, 128, 4)]),
     160: ([(128, 64, 8)], [(128, 64, 8)]),
     192: ([(128, 64, 8)], [(128, 64, 8)]),
@@ -80,7 +82,7 @@ def forward_config(HD: int, causal: bool,
 def forward_kernel_name(dtype_name: str, cfg: ForwardConfig, causal: bool) -> str:
     tag = ELEMENT_TAGS[dtype_name]
     return (f"cuflash::fa2_forward<{tag}, {cfg.HD}, {cfg.B_r}, {cfg.B_c}, {cfg.nwarps}, "
-            f"{'true' if causal else 'false'}>")
+            f"{cfg.kv_stages}, {'true' if causal else 'false'}>")
 
 
 FORWARD_FILE = "fa2_forward.cu"

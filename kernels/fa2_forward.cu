@@ -16,14 +16,17 @@
 // B_r / NWARPS rows of Q_i and reads all of K_j, V_j, so the softmax statistics of a row never
 // leave its warp: no shared-memory exchange between warps in the inner loop.
 //
-// Pipelining: K_j and V_j each have one shared-memory buffer. V_j is fetched (cp.async) while
-// S_ij is computed, K_{j+1} while O~_i += P~_ij V_j is computed.
+// Pipelining (KV_STAGES):
+//   1: K_j and V_j each have one shared-memory buffer. V_j is fetched (cp.async) while S_ij is
+//      computed, K_{j+1} while O~_i += P~_ij V_j is computed; two barriers per step.
+//   2: two buffers each. K_{j+1} and V_{j+1} are fetched at the start of step j, when only O~_i
+//      holds registers, and land during the whole step; one barrier per step.
 //
 // Variants (template parameters; cuflash/_plan.py picks them):
 //   T       fp16 | bf16                      element type of Q, K, V, O
 //   HD       32, 64, ..., 256                 head-dim bucket; the real d (multiple of 8, <= HD)
 //                                            is zero-padded inside shared memory
-//   B_r, B_c, NWARPS                         tile shape (see ForwardTile)
+//   B_r, B_c, NWARPS, KV_STAGES              tile shape and K/V buffers (see ForwardTile)
 //   CAUSAL                                   bottom-right aligned causal mask, blocks fully
 //                                            above the diagonal skipped (block_range.cuh)
 #include "common.cuh"
@@ -34,9 +37,10 @@ namespace cuflash {
 // ---------------------------------------------------------------------------------------------
 // Tile shape and the quantities derived from it
 // ---------------------------------------------------------------------------------------------
-template <int HD_, int B_r_, int B_c_, int NWARPS_>
+template <int HD_, int B_r_, int B_c_, int NWARPS_, int KV_STAGES_>
 struct ForwardTile {
     static constexpr int HD = HD_, B_r = B_r_, B_c = B_c_, NWARPS = NWARPS_;
+    static constexpr int KV_STAGES = KV_STAGES_;
     static constexpr int NTHREADS = NWARPS * 32;
     static constexpr int ROWS_PER_WARP = B_r / NWARPS;
     static constexpr int MT = ROWS_PER_WARP / 16;  // m16 tiles of rows per warp
@@ -44,20 +48,25 @@ struct ForwardTile {
     static constexpr int NT_O = HD / 8;             // n8 tiles across O~_i
     static constexpr int KS_QK = HD / 16;           // k16 steps of Q_i K_j^T
     static constexpr int KS_PV = B_c / 16;         // k16 steps of P~_ij V_j
-    // Shared memory, in elements: Q_i (B_r x HD), K_j (B_c x HD), V_j (B_c x HD).
-    static constexpr int SMEM_ELEMS = (B_r + 2 * B_c) * HD;
+    // Shared memory, in elements: Q_i (B_r x HD), KV_STAGES x (K_j, V_j) (B_c x HD each).
+    static constexpr int SMEM_ELEMS = (B_r + 2 * KV_STAGES * B_c) * HD;
     // Thread blocks per SM the register file is planned for: O~_i and S_ij accumulators plus
-    // about 64 registers of addresses, fragments and softmax state per thread. Passed to
-    // __launch_bounds__ so that ptxas aims at that occupancy (left to itself it aimed small
-    // tiles at 96 registers and spilled).
-    static constexpr int REGS_EST = MT * (NT_O + NT_S) * 4 + 64;
-    static constexpr int MIN_BLOCKS = 65536 / (NWARPS * 32 * ((REGS_EST + 7) / 8 * 8)) < 1 ? 1
-                                    : 65536 / (NWARPS * 32 * ((REGS_EST + 7) / 8 * 8));
+    // about 64 registers of addresses, fragments and softmax state per thread (16 more for the
+    // causal mask, 8 for the second K/V stage). Passed to __launch_bounds__ so that ptxas aims
+    // at that occupancy (left to itself it aimed small tiles at 96 registers and spilled).
+    static constexpr int regs_est(bool causal) {
+        return MT * (NT_O + NT_S) * 4 + 64 + (causal ? 16 : 0) + (KV_STAGES == 2 ? 8 : 0);
+    }
+    static constexpr int min_blocks(bool causal) {
+        return 65536 / (NWARPS * 32 * ((regs_est(causal) + 7) / 8 * 8)) < 1 ? 1
+             : 65536 / (NWARPS * 32 * ((regs_est(causal) + 7) / 8 * 8));
+    }
 
     static_assert(HD % 32 == 0 && HD <= 256, "head-dim bucket must be a multiple of 32, <= 256");
     static_assert(B_r % (16 * NWARPS) == 0, "each warp owns whole m16 tiles of rows");
     static_assert(MT >= 1 && MT <= 2, "1 or 2 m16 tiles per warp");
     static_assert(B_c % 16 == 0, "B_c is a whole number of k16 steps of P V");
+    static_assert(KV_STAGES == 1 || KV_STAGES == 2, "1 or 2 buffers for K_j, V_j");
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -66,8 +75,9 @@ struct ForwardTile {
 // Q, K, V: (batch, seqlen, heads, d) with arbitrary strides in elements (the last dim is
 // contiguous); q head h reads kv head h / group (MQA/GQA). O has Q's shape (its own strides);
 // L is float32 (batch, heads, seqlen_q), contiguous.
-template <typename T, int HD, int B_r, int B_c, int NWARPS, bool CAUSAL>
-__global__ void __launch_bounds__(NWARPS * 32, (ForwardTile<HD, B_r, B_c, NWARPS>::MIN_BLOCKS))
+template <typename T, int HD, int B_r, int B_c, int NWARPS, int KV_STAGES, bool CAUSAL>
+__global__ void __launch_bounds__(NWARPS * 32,
+                                  ForwardTile<HD, B_r, B_c, NWARPS, KV_STAGES>::min_blocks(CAUSAL))
 fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             const elem_t* __restrict__ V, elem_t* __restrict__ O, float* __restrict__ L,
             int seqlen_q, int seqlen_k, int d, int group,
@@ -76,15 +86,15 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             long long v_stride_b, long long v_stride_s, long long v_stride_h,
             long long o_stride_b, long long o_stride_s, long long o_stride_h,
             float softmax_scale, float scale_log2) {
-    using Tile = ForwardTile<HD, B_r, B_c, NWARPS>;
+    using Tile = ForwardTile<HD, B_r, B_c, NWARPS, KV_STAGES>;
     constexpr int NTHREADS = Tile::NTHREADS, RPW = Tile::ROWS_PER_WARP, MT = Tile::MT;
     constexpr int NT_S = Tile::NT_S, NT_O = Tile::NT_O;
 
     // One dynamic shared buffer carved into the three tiles.
     extern __shared__ __attribute__((aligned(128))) elem_t smem[];
     elem_t* sQ = smem;           // (B_r, HD)  Q_i, later the staging area of O_i
-    elem_t* sK = sQ + B_r * HD;  // (B_c, HD)  K_j
-    elem_t* sV = sK + B_c * HD;  // (B_c, HD)  V_j
+    elem_t* sK = sQ + B_r * HD;  // KV_STAGES x (B_c, HD)  K_j
+    elem_t* sV = sK + KV_STAGES * B_c * HD;  // KV_STAGES x (B_c, HD)  V_j
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 
     // ldmatrix lane addressing (see the fragment layouts in the inner loop):
@@ -126,8 +136,15 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     const ColumnBlocks cb = column_blocks<B_r, B_c, CAUSAL>(row_block, seqlen_q, seqlen_k);
 
     // Q_i: HBM -> shared, with K_{begin} in the same cp.async group.
+    // With two K/V stages, V_{begin} joins them: step j only waits for what step j - 1 issued.
     load_tile_async<B_r, HD, NTHREADS>(sQ, q, q_stride_s, seqlen_q - row0, chunks, tid);
-    if (cb.begin < cb.end) load_kv(sK, K, k_stride_b, k_stride_h, k_stride_s, cb.begin * B_c);
+    // Column block j uses K/V buffer j % KV_STAGES.
+    if (cb.begin < cb.end) {
+        const int first = KV_STAGES == 2 ? (cb.begin & 1) * B_c * HD : 0;
+        load_kv(sK + first, K, k_stride_b, k_stride_h, k_stride_s, cb.begin * B_c);
+        if (KV_STAGES == 2)
+            load_kv(sV + first, V, v_stride_b, v_stride_h, v_stride_s, cb.begin * B_c);
+    }
     cp_async_commit();
 
     // Per-thread state. Accumulator fragment layout of mma m16n8k16: lane holds rows
@@ -149,11 +166,21 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     auto step = [&](int j, auto masked) {
         constexpr bool MASK = decltype(masked)::value;
         const int col0 = j * B_c;  // first key column of K_j
+        // This step's K_j, V_j buffers (element offset into sK, sV)
+        const int stage = KV_STAGES == 2 ? (j & 1) * B_c * HD : 0;
         cp_async_wait<0>();
-        __syncthreads();  // K_j is in shared memory; every warp is done with V_{j-1}
-
-        // V_j: HBM -> shared, overlapping S_ij = Q_i K_j^T below.
-        load_kv(sV, V, v_stride_b, v_stride_h, v_stride_s, col0);
+        __syncthreads();  // K_j (and V_j) in shared memory; every warp is done with step j - 1
+        if (KV_STAGES == 2) {
+            // K_{j+1}, V_{j+1}: HBM -> the other buffers, overlapping this whole step.
+            if (j + 1 < cb.end) {
+                const int next = B_c * HD - stage;
+                load_kv(sK + next, K, k_stride_b, k_stride_h, k_stride_s, col0 + B_c);
+                load_kv(sV + next, V, v_stride_b, v_stride_h, v_stride_s, col0 + B_c);
+            }
+        } else {
+            // V_j: HBM -> shared, overlapping S_ij = Q_i K_j^T below.
+            load_kv(sV, V, v_stride_b, v_stride_h, v_stride_s, col0);
+        }
         cp_async_commit();
 
         // S_ij = Q_i K_j^T: (RPW x B_c) per warp. A = Q_i rows (ldmatrix), B = K_j rows
@@ -161,7 +188,7 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         float s[MT][NT_S][4];
         zero(s);
         const SwizzledReader<HD> readQ = rows_first(sQ + warp * RPW * HD);
-        const SwizzledReader<HD> readK = chunks_first(sK);
+        const SwizzledReader<HD> readK = chunks_first(sK + stage);
         // Grouped k loop only at 32 rows per warp, where O~_i and S_ij leave no registers for
         // hoisted fragments (measured: grouping costs 13% at 16 rows per warp, d = 128).
         warp_mma<T, Tile::KS_QK, (MT > 1)>(  // k step kk + 4 g = head-dim chunks 2 kk + 8 g
@@ -224,16 +251,18 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                     }
             }
 
-        cp_async_wait<0>();
-        __syncthreads();  // V_j is in shared memory; every warp is done reading K_j
-        // K_{j+1}: HBM -> shared, overlapping O~_i += P~_ij V_j below.
-        if (j + 1 < cb.end) load_kv(sK, K, k_stride_b, k_stride_h, k_stride_s, col0 + B_c);
-        cp_async_commit();
+        if (KV_STAGES == 1) {
+            cp_async_wait<0>();
+            __syncthreads();  // V_j is in shared memory; every warp is done reading K_j
+            // K_{j+1}: HBM -> shared, overlapping O~_i += P~_ij V_j below.
+            if (j + 1 < cb.end) load_kv(sK, K, k_stride_b, k_stride_h, k_stride_s, col0 + B_c);
+            cp_async_commit();
+        }
 
         // O~_i += P~_ij V_j. The S accumulators of n8 tiles 2kk and 2kk+1 are exactly the A
         // fragment of a 16x16 tile of P~, so P~ goes from registers straight into the mma.
         // B = V_j rows read with ldmatrix .trans.
-        const SwizzledReader<HD> readV = rows_first(sV);
+        const SwizzledReader<HD> readV = rows_first(sV + stage);
         warp_mma<T, Tile::KS_PV, false>(  // k step kk = keys 16 kk; P~ indexed at compile time
             o,
             [&](unsigned (&p)[4], int mt, int kk, int) {
