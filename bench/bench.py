@@ -130,14 +130,16 @@ class Point:
         cp, causal = self.cp, self.causal
         if provider == "cuflash" and self.which == "fwd":
             q, k, v = self.inputs()
-            return {"cuflash" if cfg is None else f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w":
+            return {"cuflash" if cfg is None else
+                    f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w kv{cfg.kv_stages}":
                     lambda: cuflash.forward(q, k, v, causal=causal, _config=cfg)}
         if provider == "cuflash" and self.which == "bwd":
             q, k, v, dout = self.inputs()
             out, lse = cuflash.forward(q, k, v, causal=causal)
             if cfg is not None:
                 return {f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w {cfg.wm_sdp}/{cfg.wm_dkv}/"
-                        f"{cfg.wm_dq} q{cfg.qstages}": lambda: cuflash.backward(
+                        f"{cfg.wm_dq} q{cfg.qstages} dq{cfg.dq_bulk}":
+                        lambda: cuflash.backward(
                             dout, q, k, v, out, lse, causal=causal, _config=cfg)}
             return {label: (lambda det=det: cuflash.backward(
                         dout, q, k, v, out, lse, causal=causal, deterministic=det))
@@ -258,8 +260,10 @@ def main(argv=None) -> int:
     ap.add_argument("--pass", dest="which", choices=["fwd", "bwd"], default="fwd")
     ap.add_argument("--providers", default=ALL_PROVIDERS)
     ap.add_argument("--configs", default="",
-                    help="FA2 tile shapes: forward BrxBcxWarps, backward "
-                         "BrxBcxWarpsxWMsdpxWMdkvxWMdqxQstages, comma-separated")
+                    help="FA2 tile shapes, comma-separated: forward BrxBcxWarps[xKVstages], "
+                         "backward BrxBcxWarpsxWMsdpxWMdkvxWMdqxQstages[xDQbulk] (DQbulk: 0 "
+                         "atomics, 1 or 2 bulk-reduced dQ tiles; default 2 where the GPU has "
+                         "the bulk copy engine, sm_90+, else 0)")
     ap.add_argument("--grid", action="store_true", help="run the standard grid")
     ap.add_argument("--dtypes", default="fp16,bf16", help="grid: dtypes")
     ap.add_argument("--headdims", default="64,128", help="grid: head dims")
@@ -301,8 +305,12 @@ def main(argv=None) -> int:
                        for c in args.configs.split(",")]
         elif args.configs:
             HD = _plan.backward_head_dim_bucket(args.headdim)
-            configs = [_plan.BackwardConfig(HD, *map(int, c.split("x")))
-                       for c in args.configs.split(",")]
+            bulk = _plan.has_bulk_copy(int(cp.cuda.Device().compute_capability))
+            configs = []
+            for c in args.configs.split(","):
+                shape = list(map(int, c.split("x")))
+                configs.append(_plan.BackwardConfig(
+                    HD, *shape[:7], dq_bulk=shape[7] if len(shape) > 7 else 2 * bulk))
         print(f"{meta['device']}: {args.which} {args.dtype} b={args.batch} h={args.heads} "
               f"n={args.seqlen} d={args.headdim} causal={args.causal}")
         rows = run_point(cp, point, providers, args.reps, args.warmup, configs,

@@ -302,15 +302,15 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
         bwd_buckets = sorted({_plan.backward_head_dim_bucket(d)
                               for d in (head_dims or _plan.HEAD_DIM_BUCKETS)})
         for dt in dtypes:
-            names += [(_plan.BACKWARD_FILE, _plan.backward_preprocess_name(dt)),
-                      (_plan.BACKWARD_FILE, _plan.backward_dq_name(dt))]
+            names.append((_plan.BACKWARD_FILE, _plan.backward_preprocess_name(dt)))
             for HD in bwd_buckets:
                 try:
-                    cfg = _plan.backward_config(HD, max_smem)
+                    cfg = _plan.backward_config(HD, max_smem, _has_bulk_copy(cupy, device_id))
                 except RuntimeError:  # does not fit this GPU: backward() will say so
                     continue
                 names += [(_plan.BACKWARD_FILE, _plan.backward_kernel_name(dt, cfg, c))
                           for c in causal]
+                names.append((_plan.BACKWARD_FILE, _plan.backward_dq_name(dt, cfg)))
 
     if fa1:
         for dt in dtypes:
@@ -382,14 +382,16 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
         if launch is None:
             dtype_name = _dtype_name(q.dtype)
             cfg = _config or _plan.backward_config(_plan.backward_head_dim_bucket(d),
-                                                   _max_smem(cupy, device_id))
+                                                   _max_smem(cupy, device_id),
+                                                   _has_bulk_copy(cupy, device_id))
             main = _loader.get_kernel(_plan.BACKWARD_FILE,
                                       _plan.backward_kernel_name(dtype_name, cfg, causal))
             _set_smem(main, cfg.smem_bytes)
             launch = _backward_launches[key] = (
                 cfg, _loader.get_kernel(_plan.BACKWARD_FILE,
                                         _plan.backward_preprocess_name(dtype_name)),
-                main, _loader.get_kernel(_plan.BACKWARD_FILE, _plan.backward_dq_name(dtype_name)))
+                main, _loader.get_kernel(_plan.BACKWARD_FILE,
+                                         _plan.backward_dq_name(dtype_name, cfg)))
         cfg, pre, main, fin = launch
 
         # 1. D = rowsum(dO ∘ O), float32 (batch, heads, seqlen_q)
@@ -403,7 +405,10 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
         T_c = (seqlen_k + cfg.B_c - 1) // cfg.B_c
         splits = _deterministic_splits(cupy, device_id, T_c, batch * nheads) \
             if deterministic else 1
-        dq_accum = cupy.zeros((splits, batch, nheads, seqlen_q, cfg.HD), dtype=cupy.float32)
+        # float32 dQ sums; with dq_bulk in whole row blocks, in the kernel's fragment order
+        T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
+        rows = T_r * cfg.B_r if cfg.dq_bulk else seqlen_q
+        dq_accum = cupy.zeros((splits, batch, nheads, rows, cfg.HD), dtype=cupy.float32)
         if group > 1:  # one float32 slice per query head, summed over each group below
             dk_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
             dv_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
@@ -418,10 +423,14 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
              shared_mem=cfg.smem_bytes)
 
         # 3. dQ = scale * sum of the slices, in the input dtype
-        fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), (128,),
-            (dq_accum, dq, np.int32(splits), np.int32(seqlen_q), np.int32(d), np.int32(cfg.HD),
-             *_strides(dq),
-             np.float32(scale)))
+        if cfg.dq_bulk:  # one thread per 4 floats
+            fin(((T_r * cfg.B_r * cfg.HD // 4 + 127) // 128, nheads, batch), (128,),
+                (dq_accum, dq, np.int32(splits), np.int32(seqlen_q), np.int32(d),
+                 *_strides(dq), np.float32(scale)))
+        else:  # one thread per 8 elements of a row
+            fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), (128,),
+                (dq_accum, dq, np.int32(splits), np.int32(seqlen_q), np.int32(d),
+                 np.int32(cfg.HD), *_strides(dq), np.float32(scale)))
         if group > 1:
             for buf, g in ((dk_buf, dk), (dv_buf, dv)):
                 g[...] = buf.reshape(batch, seqlen_k, nheads_k, group, d).sum(axis=3)
@@ -476,6 +485,11 @@ def _device_properties(cupy, device_id: int) -> dict:
 
 def _max_smem(cupy, device_id: int) -> int:
     return int(_device_properties(cupy, device_id)["sharedMemPerBlockOptin"])
+
+
+def _has_bulk_copy(cupy, device_id: int) -> bool:
+    props = _device_properties(cupy, device_id)
+    return _plan.has_bulk_copy(10 * int(props["major"]) + int(props["minor"]))
 
 
 def _set_smem(kernel, nbytes: int) -> None:

@@ -177,6 +177,8 @@ class BackwardConfig:
     wm_dq: int    # warps along the query rows of dQ (the rest along the head dim)
     qstages: int  # shared-memory buffers for Q_i, dO_i, L_i, D_i (2: the next row block loads
                   # while this one is computed)
+    dq_bulk: int = 0  # dQ added into dQ_accum by per-thread float atomics (0), or by one bulk
+                      # reduction per step from 1 or 2 shared-memory tiles (sm_90+)
 
     @property
     def threads(self) -> int:
@@ -188,7 +190,8 @@ class BackwardConfig:
         rows = self.qstages * (2 * self.B_r * self.HD * 2        # Q_i, dO_i
                                + 2 * self.B_r * 4)               # L_i, D_i
         p = 2 * self.B_r * self.B_c * 2                          # P_ij, dS_ij
-        return kv + rows + p
+        dq = self.dq_bulk * self.B_r * self.HD * 4               # dQ_ij tiles, float32
+        return kv + rows + p + dq
 
 
 # (B_r, B_c, nwarps, wm_sdp, wm_dkv, wm_dq, qstages) in order of preference; the first that
@@ -197,39 +200,58 @@ class BackwardConfig:
 # the measurements behind the choices.
 _BACKWARD_CONFIGS = {
     32: [(128, 128, 8, 4, 8, 8, 2), (128, 128, 8, 4, 8, 8, 1)],
-    64: [(128, 128, 8, 2, 4, 4, 2), (128, 128, 8, 2, 4, 4, 1), (64, 128, 8, 2, 4, 2, 1)],
+    64: [(128, 128, 8, 4, 4, 4, 2), (128, 128, 8, 4, 4, 4, 1), (64, 128, 8, 2, 4, 2, 1)],
     128: [(64, 128, 8, 2, 4, 2, 2), (64, 128, 8, 2, 4, 2, 1), (64, 64, 8, 4, 2, 2, 1)],
     192: [(64, 64, 8, 4, 2, 2, 2)],
     256: [(64, 64, 8, 4, 4, 4, 2), (64, 64, 8, 4, 4, 2, 1)],
 }
 
 
-def backward_configs(HD: int) -> list[BackwardConfig]:
-    return [BackwardConfig(HD, *c) for c in _BACKWARD_CONFIGS[HD]]
+def backward_configs(HD: int, bulk: bool = False) -> list[BackwardConfig]:
+    """The shapes for head-dim bucket HD in order of preference; with `bulk` (sm_90+), each
+    with two dQ tiles, then with one. Above HD = 128 the bulk variants spill registers (a few
+    bytes per step), so those buckets keep the atomics."""
+    tiles = (2, 1) if bulk and HD <= 128 else (0,)
+    return [BackwardConfig(HD, *c, dq_bulk=n) for c in _BACKWARD_CONFIGS[HD] for n in tiles]
 
 
-def backward_config(HD: int, max_smem_bytes: int = 227 * 1024) -> BackwardConfig:
-    for cfg in backward_configs(HD):
+def backward_config(HD: int, max_smem_bytes: int = 227 * 1024,
+                    bulk: bool = False) -> BackwardConfig:
+    """The tile shape for head-dim bucket HD on a device allowing `max_smem_bytes` per block;
+    bulk: the device has the bulk copy engine (sm_90+, see has_bulk_copy)."""
+    configs = backward_configs(HD, bulk)
+    for cfg in configs:
         if cfg.smem_bytes <= max_smem_bytes:
             return cfg
     raise RuntimeError(
         f"the backward pass for head dims in bucket {HD} needs "
-        f"{backward_configs(HD)[-1].smem_bytes // 1024} KB of shared memory per thread block; "
+        f"{configs[-1].smem_bytes // 1024} KB of shared memory per thread block; "
         f"this GPU allows {max_smem_bytes // 1024} KB (head dims <= 128 fit every sm_80+ GPU)")
 
 
+def has_bulk_copy(compute_capability: int) -> bool:
+    """cp.reduce.async.bulk (the backward's dQ_bulk path) exists from sm_90 on."""
+    return compute_capability >= 90
+
+
+def _tile_args(cfg: BackwardConfig) -> str:
+    return (f"{cfg.HD}, {cfg.B_r}, {cfg.B_c}, {cfg.nwarps}, {cfg.wm_sdp}, {cfg.wm_dkv}, "
+            f"{cfg.wm_dq}, {cfg.qstages}")
+
+
 def backward_kernel_name(dtype_name: str, cfg: BackwardConfig, causal: bool) -> str:
-    tag = ELEMENT_TAGS[dtype_name]
-    return (f"cuflash::fa2_backward<{tag}, {cfg.HD}, {cfg.B_r}, {cfg.B_c}, {cfg.nwarps}, "
-            f"{cfg.wm_sdp}, {cfg.wm_dkv}, {cfg.wm_dq}, {cfg.qstages}, "
-            f"{'true' if causal else 'false'}>")
+    return (f"cuflash::fa2_backward<{ELEMENT_TAGS[dtype_name]}, {_tile_args(cfg)}, "
+            f"{cfg.dq_bulk}, {'true' if causal else 'false'}>")
 
 
 def backward_preprocess_name(dtype_name: str) -> str:
     return f"cuflash::fa2_backward_preprocess<{ELEMENT_TAGS[dtype_name]}>"
 
 
-def backward_dq_name(dtype_name: str) -> str:
+def backward_dq_name(dtype_name: str, cfg: BackwardConfig) -> str:
+    """The kernel that turns dQ_accum into dQ (its layout depends on cfg.dq_bulk)."""
+    if cfg.dq_bulk:
+        return f"cuflash::fa2_backward_dq_bulk<{ELEMENT_TAGS[dtype_name]}, {_tile_args(cfg)}>"
     return f"cuflash::fa2_backward_dq<{ELEMENT_TAGS[dtype_name]}>"
 
 
@@ -242,7 +264,9 @@ def all_specialisations(arch: str | None = None) -> list[tuple[str, str]]:
     """(kernel file, name expression) of every kernel the package may launch on a GPU of
     architecture class `arch` ("80" or "90", see ARCH_SMEM), or on any GPU (None): the tile
     shape the planner picks for each shared-memory size of that class."""
-    smems = ARCH_SMEM[arch] if arch else SMEM_CLASSES
+    if arch is None:
+        return list(dict.fromkeys(s for a in ARCH_SMEM for s in all_specialisations(a)))
+    smems, bulk = ARCH_SMEM[arch], has_bulk_copy(int(arch))
     specs = []
     for dtype_name in ELEMENT_TAGS:
         for HD in HEAD_DIM_BUCKETS:
@@ -250,16 +274,16 @@ def all_specialisations(arch: str | None = None) -> list[tuple[str, str]]:
                 for smem in smems:
                     cfg = forward_config(HD, causal, smem)
                     specs.append((FORWARD_FILE, forward_kernel_name(dtype_name, cfg, causal)))
+        specs.append((BACKWARD_FILE, backward_preprocess_name(dtype_name)))
         for HD in BACKWARD_HEAD_DIM_BUCKETS:
             for smem in smems:
                 try:
-                    cfg = backward_config(HD, smem)
+                    cfg = backward_config(HD, smem, bulk)
                 except RuntimeError:  # does not fit this class: backward() raises there
                     continue
                 for causal in (False, True):
                     specs.append((BACKWARD_FILE, backward_kernel_name(dtype_name, cfg, causal)))
-        specs.append((BACKWARD_FILE, backward_preprocess_name(dtype_name)))
-        specs.append((BACKWARD_FILE, backward_dq_name(dtype_name)))
+                specs.append((BACKWARD_FILE, backward_dq_name(dtype_name, cfg)))
         for HD in HEAD_DIM_BUCKETS:
             for smem in smems:  # the FA1 plan depends on the GPU's shared memory
                 for causal in (False, True):

@@ -357,6 +357,47 @@ __device__ __forceinline__ void red_add_f32(bool pred, float* p, float a) {
                  :: "r"((int)pred), "l"(p), "f"(a) : "memory");
 }
 
+// ---------------------------------------------------------------------------------------------
+// Bulk asynchronous reduction (sm_90+): the copy engine adds a contiguous run of floats from
+// shared memory into global memory, element by element (atomically), while the threads go on.
+// ---------------------------------------------------------------------------------------------
+
+// global[dst .. dst + bytes) += shared[src .. src + bytes), float32; 16-byte aligned, bytes a
+// multiple of 16. Completes asynchronously: see bulk_wait_read / bulk_wait.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0;\n"
+                 "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [g], [%1], %2;\n"
+                 "cp.async.bulk.commit_group; }"
+                 :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+#endif
+}
+// Wait until at most PENDING of this thread's bulk operations (the most recent ones) have not
+// yet read their shared-memory source (which may then be overwritten), or (bulk_wait) until all
+// have completed entirely.
+template <int PENDING>
+__device__ __forceinline__ void bulk_wait_read() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(PENDING) : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
+}
+// 16-byte shared-memory store to a 32-bit shared address.
+__device__ __forceinline__ void st_shared_v4(unsigned addr, float a, float b, float c, float d) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};"
+                 :: "r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+// Make this thread's shared-memory writes visible to the copy engine (the async proxy).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
 // A compile-time bool as a type (selects the masked / unmasked variant of a loop body).
 template <bool V>
 struct Bool { static constexpr bool value = V; };

@@ -14,7 +14,7 @@
 //       dP_ij = dO_i V_j^T
 //       dS_ij = P_ij ∘ (dP_ij - D_i)
 //       dK_j += dS_ij^T Q_i                       (times scale at the end)
-//       dQ_i += dS_ij K_j                         (float32 atomics into dQ_accum; times scale in
+//       dQ_i += dS_ij K_j                         (added into float32 dQ_accum; times scale in
 //                                                  fa2_backward_dq)
 // Causal: row blocks entirely above the diagonal of column block j are never visited, and the
 // mask is applied only on blocks that cross it (block_range.cuh).
@@ -25,6 +25,16 @@
 // memory so that the dV, dK and dQ products can read them, transposed where needed
 // (ldmatrix .trans), with their own warp split.
 //
+// Adding dQ_i into dQ_accum (DQ_BULK): the sum over column blocks is the costliest traffic of
+// the kernel (measured: without it the kernel runs 15-20% faster).
+//   0 (sm_80+):  float atomics straight from the registers (RED); dQ_accum row-major.
+//   1, 2 (sm_90+): each warp stores its dQ_ij fragments to a shared-memory tile (DQ_BULK tiles,
+//                used in turn), and one thread hands the whole tile to the copy engine as one
+//                bulk reduction (cp.reduce.async.bulk .add.f32), which runs while the next
+//                steps compute. The tile is stored in fragment order (dq_fragment), so the
+//                shared-memory stores are conflict-free 16-byte vectors; fa2_backward_dq_bulk
+//                undoes the order.
+//
 // Deterministic mode (`deterministic` = 1): gridDim.x is a fixed number of splits; thread block
 // x handles column blocks x, x + gridDim.x, ... and owns slice x of dQ_accum. Each element of a
 // slice is then updated by one thread only, in program order, so the sums come out the same on
@@ -33,7 +43,7 @@
 //
 // Variants: T (fp16 | bf16), HD (head-dim bucket), B_r, B_c, NWARPS, the three warp layouts
 // (WM_SDP, WM_DKV, WM_DQ), QSTAGES (1 or 2 shared-memory buffers for Q_i, dO_i, L_i, D_i),
-// CAUSAL. cuflash/_plan.py picks them per head dim.
+// DQ_BULK, CAUSAL. cuflash/_plan.py picks them per head dim and GPU.
 #include "common.cuh"
 #include "block_range.cuh"
 
@@ -78,9 +88,10 @@ fa2_backward_preprocess(const elem_t* __restrict__ O, const elem_t* __restrict__
 //   dK, dV   (B_c x HD):   WM_DKV warps along the keys, the rest along the head dim
 //   dQ       (B_r x HD):   WM_DQ warps along the query rows, the rest along the head dim
 template <int HD_, int B_r_, int B_c_, int NWARPS_, int WM_SDP, int WM_DKV, int WM_DQ,
-          int QSTAGES_>
+          int QSTAGES_, int DQ_BULK_>
 struct BackwardTile {
     static constexpr int HD = HD_, B_r = B_r_, B_c = B_c_, NWARPS = NWARPS_, QSTAGES = QSTAGES_;
+    static constexpr int DQ_BULK = DQ_BULK_;
     static constexpr int NTHREADS = NWARPS * 32;
     // Per-warp tile of S, dP: S_MW query rows x S_NW keys = S_MT m16 x S_NT n8 mma tiles.
     static constexpr int S_MW = B_r / WM_SDP, S_NW = B_c / (NWARPS / WM_SDP);
@@ -96,12 +107,27 @@ struct BackwardTile {
     static constexpr int DQ_TILES = HD > 128 ? 4 : 8;  // m16n8 accumulator tiles per pass
     static constexpr int DQ_PASS = Q_MT * Q_NT <= DQ_TILES ? Q_NT
                                  : Q_NT % 4 == 0 && Q_MT * 4 <= DQ_TILES ? 4 : 2;
+    static constexpr int DQ_PASSES = Q_NT / DQ_PASS;
+    // The warp-level k loops run grouped (k_loop) where registers are short: above HD = 64
+    // (ungrouped there spills; at HD <= 64 ungrouped is up to 4% faster, PERFORMANCE.md).
+    static constexpr bool GROUP_K = HD > 64;
     // Shared memory, in bytes.
     static constexpr int TILE_KV = B_c * HD * 2;  // K_j, V_j
     static constexpr int TILE_Q = B_r * HD * 2;   // Q_i, dO_i (QSTAGES copies each)
     static constexpr int TILE_P = B_r * B_c * 2;  // P_ij, dS_ij
     static constexpr int VEC = B_r * 4;           // L_i, D_i (QSTAGES copies each)
-    static constexpr int SMEM_BYTES = 2 * TILE_KV + QSTAGES * (2 * TILE_Q + 2 * VEC) + 2 * TILE_P;
+    static constexpr int TILE_DQ = B_r * HD * 4;  // dQ_ij, float32 (DQ_BULK copies)
+    static constexpr int SMEM_BYTES =
+        2 * TILE_KV + QSTAGES * (2 * TILE_Q + 2 * VEC) + 2 * TILE_P + DQ_BULK * TILE_DQ;
+
+    // DQ_BULK: element offset, within a row block's B_r x HD tile of dQ_accum, of m16n8 tile
+    // (mt, nt) of dQ pass `pass` of warp `warp`, lane `lane` (4 floats: rows g, g + 8 and
+    // columns 2t, 2t + 1 of the tile, g = lane / 4, t = lane % 4; fa2_backward_dq_bulk
+    // inverts it).
+    static __device__ __forceinline__ int dq_fragment(int warp, int pass, int mt, int nt,
+                                                      int lane) {
+        return ((((warp * DQ_PASSES + pass) * Q_MT + mt) * DQ_PASS + nt) * 32 + lane) * 4;
+    }
 
     static_assert(HD % 32 == 0 && HD <= 256, "head-dim bucket must be a multiple of 32, <= 256");
     static_assert(B_r % 64 == 0 && B_c % 64 == 0, "B_r, B_c: multiples of 64");
@@ -115,6 +141,7 @@ struct BackwardTile {
                   "head dim split across warps needs HD % 64 == 0");
     static_assert(Q_NT % DQ_PASS == 0 && DQ_PASS % 2 == 0, "dQ passes");
     static_assert(QSTAGES == 1 || QSTAGES == 2, "1 or 2 buffers for the row block");
+    static_assert(DQ_BULK >= 0 && DQ_BULK <= 2, "0 (atomics), 1 or 2 dQ tiles");
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -122,11 +149,12 @@ struct BackwardTile {
 // ---------------------------------------------------------------------------------------------
 // Q, dO: (batch, seqlen_q, heads, d); K, V: (batch, seqlen_k, heads_k, d), any strides with a
 // contiguous last dim; query head h reads kv head h / group. L, Dsum: (batch, heads, seqlen_q)
-// float32. dQ_accum: (splits, batch, heads, seqlen_q, HD) float32, zeroed. dK, dV: when
-// `expanded` is 0, the input dtype with kv heads (group == 1); when 1, float32 with one slice
-// per query head (batch, seqlen_k, heads, d), summed over each group afterwards.
+// float32. dQ_accum: (splits, batch, heads, seqlen_q, HD) float32, zeroed; with DQ_BULK
+// (splits, batch, heads, T_r, B_r * HD), T_r = ceil(seqlen_q / B_r), in fragment order.
+// dK, dV: when `expanded` is 0, the input dtype with kv heads (group == 1); when 1, float32
+// with one slice per query head (batch, seqlen_k, heads, d), summed over each group afterwards.
 template <typename T, int HD, int B_r, int B_c, int NWARPS, int WM_SDP, int WM_DKV, int WM_DQ,
-          int QSTAGES, bool CAUSAL>
+          int QSTAGES, int DQ_BULK, bool CAUSAL>
 __global__ void __launch_bounds__(NWARPS * 32, 1)
 fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
              const elem_t* __restrict__ V, const elem_t* __restrict__ dO,
@@ -139,8 +167,9 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
              long long do_stride_b, long long do_stride_s, long long do_stride_h,
              long long dk_stride_b, long long dk_stride_s, long long dk_stride_h,
              float softmax_scale, float scale_log2) {
-    using Tile = BackwardTile<HD, B_r, B_c, NWARPS, WM_SDP, WM_DKV, WM_DQ, QSTAGES>;
+    using Tile = BackwardTile<HD, B_r, B_c, NWARPS, WM_SDP, WM_DKV, WM_DQ, QSTAGES, DQ_BULK>;
     constexpr int NTHREADS = Tile::NTHREADS;
+    constexpr bool GROUP_K = Tile::GROUP_K;
     constexpr int S_MT = Tile::S_MT, S_NT = Tile::S_NT, KV_MT = Tile::KV_MT,
                   KV_NT = Tile::KV_NT, Q_MT = Tile::Q_MT, DQ_PASS = Tile::DQ_PASS;
     constexpr float LOG2E = 1.4426950408889634f;
@@ -155,6 +184,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     elem_t* sdS = sP + B_r * B_c;                                     // (B_r, B_c) dS_ij
     float* sL = reinterpret_cast<float*>(sdS + B_r * B_c);            // QSTAGES x (B_r) L_i
     float* sD = sL + QSTAGES * B_r;                                   // QSTAGES x (B_r) D_i
+    // then DQ_BULK x (B_r x HD) dQ_ij tiles, float32, at byte offset OFF_DQ
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     // This warp's tile in each of the three products (row part, column part).
@@ -172,6 +202,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     constexpr unsigned OFF_K = 0, OFF_V = Tile::TILE_KV, OFF_Q = 2 * Tile::TILE_KV;
     constexpr unsigned OFF_DO = OFF_Q + QSTAGES * Tile::TILE_Q;
     constexpr unsigned OFF_P = OFF_DO + QSTAGES * Tile::TILE_Q, OFF_DS = OFF_P + Tile::TILE_P;
+    constexpr unsigned OFF_DQ = OFF_DS + Tile::TILE_P + 2 * QSTAGES * Tile::VEC;
     // Readers are built at the start of each product phase. With registers to spare the
     // compiler hoists them out of the loop; at HD > 128 they are rebuilt from an opaque copy of
     // the lane index (a few integer ops per phase), so that only the two a phase uses are live.
@@ -208,6 +239,22 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             const long long at = (b * nheads + h) * seqlen_q + (valid ? row0 + t : 0);
             cp_async_4(smem_u32(sL + buf * B_r + t), L + at, valid);
             cp_async_4(smem_u32(sD + buf * B_r + t), Dsum + at, valid);
+        }
+    };
+
+    // DQ_BULK: hand dQ tile `t` (complete: call after a barrier) to the copy engine, to be added
+    // into row block i of this block's slice of dQ_accum; thread 0 issues it. In deterministic
+    // mode each reduction waits for the previous one to complete, so that the additions into
+    // an element happen in a fixed order.
+    int dq_tile = 0;  // the tile this block's next dQ_ij goes to
+    auto flush_dq = [&](int i, int t) {
+        if (DQ_BULK && tid == 0) {
+            const long long split = deterministic ? blockIdx.x : 0;
+            const int T_r = (seqlen_q + B_r - 1) / B_r;
+            if (deterministic) bulk_wait();
+            bulk_reduce_add_f32(dQ_accum + (((split * gridDim.z + blockIdx.z) * gridDim.y +
+                                             blockIdx.y) * T_r + i) * (B_r * HD),
+                                sbase + OFF_DQ + t * Tile::TILE_DQ, Tile::TILE_DQ);
         }
     };
 
@@ -319,6 +366,11 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                     }
                 }
             }
+            // dQ tile dq_tile is free for this step's dQ_ij once the reduction issued from it
+            // DQ_BULK steps ago has read it (later ones may still be pending)
+            if constexpr (DQ_BULK > 0) {
+                if (tid == 0) bulk_wait_read<DQ_BULK - 1>();
+            }
             __syncthreads();  // P_ij and dS_ij are complete
 
             // dV_j += P_ij^T dO_i and dK_j += dS_ij^T Q_i, this warp's (KV_MW x KV_NW) tile;
@@ -332,7 +384,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                 // query rows 16 kk + 64 g.
                 auto product_t = [&](float (&acc)[KV_MT][KV_NT][4], unsigned off_a,
                                      unsigned off_b) {
-                    warp_mma<T, B_r / 16>(
+                    warp_mma<T, B_r / 16, GROUP_K>(
                         acc,
                         [&](unsigned (&a)[4], int mt, int kk, int g) {
                             ldmatrix_x4_trans(a, rd_kv_a.at(kk * 16, 2 * mt) + off_a +
@@ -347,20 +399,21 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                 product_t(dk, OFF_DS, OFF_Q + qoff);
             }
 
-            // dQ_i += dS_ij K_j, this warp's (Q_MW x Q_NW) tile; k = the B_c keys. Added to
-            // dQ_accum with float atomics, one pass of DQ_PASS n8 tiles at a time.
+            // dQ_i += dS_ij K_j, this warp's (Q_MW x Q_NW) tile; k = the B_c keys, one pass of
+            // DQ_PASS n8 tiles at a time. Added to dQ_accum with float atomics, or (DQ_BULK)
+            // stored to a dQ tile for one bulk reduction of the whole tile.
             // A: this warp's query rows of dS; B (.trans): this warp's head-dim part of K_j.
             const auto rd_q_a = rows_first(Int<B_c>{}, sbase + q_m * Tile::Q_MW * B_c * 2, 0);
             const auto rd_q_b = rows_first(Int<HD>{}, sbase, q_n * Tile::Q_NW / 8);
-            // this warp's first dQ column, in slice `split` of dQ_accum
+            // atomics: this warp's first dQ column, in slice `split` of dQ_accum
             const long long split = deterministic ? opaque(blockIdx.x) : 0;
             float* dst0 = dQ_accum + q_n * Tile::Q_NW +
                 ((split * nbatch + opaque(batch)) * nheads + opaque(head)) * seqlen_q * HD;
 #pragma unroll
-            for (int pass = 0; pass < Tile::Q_NT / DQ_PASS; ++pass) {
+            for (int pass = 0; pass < Tile::DQ_PASSES; ++pass) {
                 float dq[Q_MT][DQ_PASS][4];
                 zero(dq);
-                warp_mma<T, B_c / 16>(  // k step kk + 4 g = keys 16 kk + 64 g
+                warp_mma<T, B_c / 16, GROUP_K>(  // k step kk + 4 g = keys 16 kk + 64 g
                     dq,
                     [&](unsigned (&a)[4], int mt, int kk, int g) {
                         ldmatrix_x4(a, rd_q_a.at(mt * 16, 2 * kk) + OFF_DS + g * 128);
@@ -369,52 +422,70 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                         ldmatrix_x4_trans(b, rd_q_b.at(kk * 16, pass * DQ_PASS + nd2 * 2) +
                                                  OFF_K + g * 64 * HD * 2);
                     });
-                // Float atomics into dQ_accum (row pitch HD: offsets are compile-time); rows
-                // past seqlen_q skipped (they occur only in the masked variant, which the last,
-                // partial row block always takes). Columns past d receive dS times the zero
-                // padding of K_j, and are never read back.
-                const int ln = lane_id();
-                const int row_g = row0 + q_m * Tile::Q_MW + ln / 4;  // row g of mt = 0
+                if constexpr (DQ_BULK > 0) {
+                    const unsigned dst = sbase + OFF_DQ + dq_tile * Tile::TILE_DQ +
+                        Tile::dq_fragment(warp, 0, 0, 0, lane_id()) * 4;
+#pragma unroll
+                    for (int mt = 0; mt < Q_MT; ++mt)
+#pragma unroll
+                        for (int nt = 0; nt < DQ_PASS; ++nt)
+                            st_shared_v4(dst + Tile::dq_fragment(0, pass, mt, nt, 0) * 4,
+                                         dq[mt][nt][0], dq[mt][nt][1], dq[mt][nt][2],
+                                         dq[mt][nt][3]);
+                } else {
+                    // Float atomics into dQ_accum (row pitch HD: offsets are compile-time);
+                    // rows past seqlen_q skipped (they occur only in the masked variant, which
+                    // the last, partial row block always takes). Columns past d receive dS
+                    // times the zero padding of K_j, and are never read back.
+                    const int ln = lane_id();
+                    const int row_g = row0 + q_m * Tile::Q_MW + ln / 4;  // row g of mt = 0
 #if __CUDA_ARCH__ >= 900
-                // 4 consecutive columns per instruction: lanes 2t and 2t+1 swap halves so that
-                // the even lane holds row g and the odd lane row g + 8 of columns
-                // 4 (t / 2) .. 4 (t / 2) + 3.
-                const bool odd = ln & 1;
-                const int my_row = row_g + (odd ? 8 : 0);
-                float* dst = dst0 + (long long)my_row * HD + ((ln % 4) & ~1) * 2;
+                    // 4 consecutive columns per instruction: lanes 2t and 2t+1 swap halves so
+                    // that the even lane holds row g and the odd lane row g + 8 of columns
+                    // 4 (t / 2) .. 4 (t / 2) + 3.
+                    const bool odd = ln & 1;
+                    const int my_row = row_g + (odd ? 8 : 0);
+                    float* dst = dst0 + (long long)my_row * HD + ((ln % 4) & ~1) * 2;
 #else
-                float* dst = dst0 + (long long)row_g * HD + (ln % 4) * 2;
+                    float* dst = dst0 + (long long)row_g * HD + (ln % 4) * 2;
 #endif
 #pragma unroll
-                for (int mt = 0; mt < Q_MT; ++mt) {
+                    for (int mt = 0; mt < Q_MT; ++mt) {
 #pragma unroll
-                    for (int nt = 0; nt < DQ_PASS; ++nt) {
-                        float* p = dst + mt * 16 * HD + (pass * DQ_PASS + nt) * 8;
-                        const float* c = dq[mt][nt];
+                        for (int nt = 0; nt < DQ_PASS; ++nt) {
+                            float* p = dst + mt * 16 * HD + (pass * DQ_PASS + nt) * 8;
+                            const float* c = dq[mt][nt];
 #if __CUDA_ARCH__ >= 900
-                        const float r0 = shfl_xor(odd ? c[0] : c[2], 1);
-                        const float r1 = shfl_xor(odd ? c[1] : c[3], 1);
-                        red_add_f32x4(!MASK || my_row + mt * 16 < seqlen_q, p, odd ? r0 : c[0],
-                                      odd ? r1 : c[1], odd ? c[2] : r0, odd ? c[3] : r1);
+                            const float r0 = shfl_xor(odd ? c[0] : c[2], 1);
+                            const float r1 = shfl_xor(odd ? c[1] : c[3], 1);
+                            red_add_f32x4(!MASK || my_row + mt * 16 < seqlen_q, p,
+                                          odd ? r0 : c[0], odd ? r1 : c[1], odd ? c[2] : r0,
+                                          odd ? c[3] : r1);
 #else
 #pragma unroll
-                        for (int e2 = 0; e2 < 2; ++e2)
+                            for (int e2 = 0; e2 < 2; ++e2)
 #pragma unroll
-                            for (int e1 = 0; e1 < 2; ++e1)
-                                red_add_f32(!MASK || row_g + mt * 16 + e2 * 8 < seqlen_q,
-                                            p + e2 * 8 * HD + e1, c[e2 * 2 + e1]);
+                                for (int e1 = 0; e1 < 2; ++e1)
+                                    red_add_f32(!MASK || row_g + mt * 16 + e2 * 8 < seqlen_q,
+                                                p + e2 * 8 * HD + e1, c[e2 * 2 + e1]);
 #endif
+                        }
                     }
                 }
             }
+            if (DQ_BULK) fence_proxy_async_shared();  // the dQ tile: visible to the copy engine
         };
 
         for (int i = rb.begin; i < rb.end; ++i) {
             const int buf = QSTAGES == 2 ? (i - rb.begin) & 1 : 0;
             cp_async_wait<0>();
             // Row block i (and K_j, V_j) are in shared memory, and every warp is done with
-            // step i - 1: its row-block buffer, P and dS may be overwritten.
+            // step i - 1: its row-block buffer, P and dS may be overwritten, its dQ tile sent.
             __syncthreads();
+            if (DQ_BULK && i > rb.begin) {  // step i - 1's dQ tile is complete
+                flush_dq(i - 1, dq_tile);
+                dq_tile = DQ_BULK == 2 ? dq_tile ^ 1 : 0;
+            }
             if (QSTAGES == 2 && i + 1 < rb.end) {  // the next row block loads during this step
                 load_row_block(i + 1, buf ^ 1);
                 cp_async_commit();
@@ -429,6 +500,12 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                 load_row_block(i + 1, 0);
                 cp_async_commit();
             }
+        }
+
+        if (DQ_BULK && rb.begin < rb.end) {
+            __syncthreads();  // the last row block's dQ tile is complete
+            flush_dq(rb.end - 1, dq_tile);
+            dq_tile = DQ_BULK == 2 ? dq_tile ^ 1 : 0;
         }
 
         // ---- epilogue: dK_j = scale * dK_j, dV_j, written straight from registers ----------
@@ -463,6 +540,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             }
         }
     }
+    if (DQ_BULK && tid == 0) bulk_wait();  // the last reduction has read its source
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -498,6 +576,49 @@ fa2_backward_dq(const float* __restrict__ dQ_accum, elem_t* __restrict__ dQ, int
         packed[e] = T::pack(acc[2 * e] * softmax_scale, acc[2 * e + 1] * softmax_scale);
     *reinterpret_cast<Chunk16*>(dQ + batch * dq_stride_b + row * dq_stride_s +
                                 head * dq_stride_h + c * 8) = out;
+}
+
+// The same, for dQ_accum in fragment order (fa2_backward with DQ_BULK; the tile parameters
+// must match). One thread per 4 floats of a fragment (rows g and g + 8, two columns), read
+// from each slice in turn; grid (ceil(T_r * B_r * HD / 4 / 128), heads, batch).
+template <typename T, int HD, int B_r, int B_c, int NWARPS, int WM_SDP, int WM_DKV, int WM_DQ,
+          int QSTAGES>
+__global__ void __launch_bounds__(128)
+fa2_backward_dq_bulk(const float* __restrict__ dQ_accum, elem_t* __restrict__ dQ, int splits,
+                     int seqlen_q, int d, long long dq_stride_b, long long dq_stride_s,
+                     long long dq_stride_h, float softmax_scale) {
+    using Tile = BackwardTile<HD, B_r, B_c, NWARPS, WM_SDP, WM_DKV, WM_DQ, QSTAGES, 1>;
+    constexpr int FRAGS = B_r * HD / 4;  // per row block
+    const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y, nbatch = gridDim.z;
+    const int T_r = (seqlen_q + B_r - 1) / B_r;
+    const long long f = (long long)blockIdx.x * 128 + threadIdx.x;
+    if (f >= (long long)T_r * FRAGS) return;
+    // Undo Tile::dq_fragment: f = i FRAGS + (((warp P + pass) Q_MT + mt) DQ_PASS + nt) 32 + lane
+    const int i = f / FRAGS;
+    int x = f % FRAGS;
+    const int lane = x % 32;
+    x /= 32;
+    const int nt = x % Tile::DQ_PASS;
+    x /= Tile::DQ_PASS;
+    const int mt = x % Tile::Q_MT;
+    x /= Tile::Q_MT;
+    const int pass = x % Tile::DQ_PASSES, warp = x / Tile::DQ_PASSES;
+    const int row = i * B_r + (warp % WM_DQ) * Tile::Q_MW + mt * 16 + lane / 4;
+    const int col = (warp / WM_DQ) * Tile::Q_NW + (pass * Tile::DQ_PASS + nt) * 8 + (lane % 4) * 2;
+    if (col >= d) return;  // the zero padding of the head dim
+    const long long slice = (long long)nbatch * nheads * T_r * FRAGS * 4;
+    const float* src = dQ_accum + ((long long)batch * nheads + head) * T_r * FRAGS * 4 + f * 4;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int sp = 0; sp < splits; ++sp) {  // fixed order: deterministic
+        const Float4 v = *reinterpret_cast<const Float4*>(src + sp * slice);
+        acc[0] += v.x; acc[1] += v.y; acc[2] += v.z; acc[3] += v.w;
+    }
+    elem_t* out = dQ + batch * dq_stride_b + head * dq_stride_h + col;
+#pragma unroll
+    for (int e2 = 0; e2 < 2; ++e2)  // rows g and g + 8
+        if (row + 8 * e2 < seqlen_q)
+            *reinterpret_cast<unsigned*>(out + (row + 8 * e2) * dq_stride_s) =
+                T::pack(acc[2 * e2] * softmax_scale, acc[2 * e2 + 1] * softmax_scale);
 }
 
 }  // namespace cuflash

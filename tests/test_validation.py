@@ -121,14 +121,16 @@ def test_each_architecture_class_builds_the_shapes_planned_for_it():
     for arch, smems in _plan.ARCH_SMEM.items():
         names = {n for _, n in _plan.all_specialisations(arch)}
         assert names <= union
+        bulk = _plan.has_bulk_copy(int(arch))  # the dQ bulk reduction: sm_90 only
         for smem in smems:
             for dt in _plan.ELEMENT_TAGS:
                 for HD in _plan.BACKWARD_HEAD_DIM_BUCKETS:
                     if HD > 128 and smem < 144 * 1024:
                         continue  # no backward above d 128 on 99 KB GPUs (a clear error)
-                    cfg = _plan.backward_config(HD, smem)
-                    assert cfg.smem_bytes <= smem
+                    cfg = _plan.backward_config(HD, smem, bulk)
+                    assert cfg.smem_bytes <= smem and bool(cfg.dq_bulk) == (bulk and HD <= 128)
                     assert _plan.backward_kernel_name(dt, cfg, True) in names
+                    assert _plan.backward_dq_name(dt, cfg) in names
                 for HD in _plan.HEAD_DIM_BUCKETS:
                     cfg = _plan.forward_config(HD, False, smem)
                     assert cfg.smem_bytes <= smem
