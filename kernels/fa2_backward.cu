@@ -111,6 +111,13 @@ struct BackwardTile {
     // The warp-level k loops run grouped (k_loop) where registers are short: above HD = 64
     // (ungrouped there spills; at HD <= 64 ungrouped is up to 4% faster, PERFORMANCE.md).
     static constexpr bool GROUP_K = HD > 64;
+    // P_ij stays in registers (packed to 16 bits) from its computation to dS_ij, instead of
+    // being read back from shared memory (measured +4-9% at HD 64 and 128, where it fits; the
+    // extra reads had filled the shared-memory instruction queue: ncu "MIO throttle").
+    static constexpr bool P_IN_REGS = HD == 64 || HD == 128;
+    // Without the bulk dQ path (sm_80) those variants need a warp barrier between the k steps
+    // of dP = dO V^T, which stops ptxas from hoisting fragments of later steps (else it spills).
+    static constexpr bool DP_FENCE = P_IN_REGS && DQ_BULK == 0;
     // Shared memory, in bytes.
     static constexpr int TILE_KV = B_c * HD * 2;  // K_j, V_j
     static constexpr int TILE_Q = B_r * HD * 2;   // Q_i, dO_i (QSTAGES copies each)
@@ -295,12 +302,15 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             const auto rd_s_a = rows_first(Int<HD>{}, sbase + s_m * Tile::S_MW * HD * 2, 0);
             const auto rd_s_b = chunks_first(Int<HD>{}, sbase + s_n * Tile::S_NW * HD * 2, 0);
             // acc += A B^T over the head dim, for A at byte offset off_a and B at off_b.
-            // k step kk + 4 g = head-dim chunks 2 kk + 8 g.
-            auto product = [&](float (&acc)[S_MT][S_NT][4], unsigned off_a, unsigned off_b) {
+            // k step kk + 4 g = head-dim chunks 2 kk + 8 g. fence: a warp barrier between k
+            // steps (Tile::DP_FENCE).
+            auto product = [&](float (&acc)[S_MT][S_NT][4], unsigned off_a, unsigned off_b,
+                               bool fence) {
                 zero(acc);
                 warp_mma<T, HD / 16>(
                     acc,
                     [&](unsigned (&a)[4], int mt, int kk, int g) {
+                        if (fence && kk > 0 && mt == 0) __syncwarp();
                         ldmatrix_x4(a, rd_s_a.at(mt * 16, 2 * kk) + off_a + g * 128);
                     },
                     [&](unsigned (&b)[4], int nt2, int kk, int g) {
@@ -317,12 +327,14 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             };
 
             // S_ij = Q_i K_j^T, then P_ij = exp(scale S_ij - L_i) (0 where masked), stored to
-            // shared memory in the input dtype. Each lane reads its own values back for dS
-            // (no barrier needed), so no register holds S or P while dP is computed; dS uses
-            // the rounded P, as 16-bit autodiff would.
+            // shared memory in the input dtype for dV. For dS it is kept in registers, packed
+            // (Tile::P_IN_REGS), or each lane reads its own values back (no barrier needed);
+            // either way dS uses the rounded P, as 16-bit autodiff would.
+            constexpr bool P_IN_REGS = Tile::P_IN_REGS;
+            unsigned pk[P_IN_REGS ? S_MT : 1][2][P_IN_REGS ? S_NT : 1];  // P_ij, packed
             {
                 float acc[S_MT][S_NT][4];
-                product(acc, OFF_Q + qoff, OFF_K);
+                product(acc, OFF_Q + qoff, OFF_K, false);
 #pragma unroll
                 for (int mt = 0; mt < S_MT; ++mt)
 #pragma unroll
@@ -340,15 +352,16 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                             p[e1] = exp2_approx(fmaf(acc[mt][nt][e2 * 2 + e1], scale_log2, -l2));
                             if (MASK && nt * 8 + e1 > limit) p[e1] = 0.f;
                         }
-                        *reinterpret_cast<unsigned*>(sP + st_offset(mt, e2, nt)) =
-                            T::pack(p[0], p[1]);
+                        const unsigned packed = T::pack(p[0], p[1]);
+                        if constexpr (P_IN_REGS) pk[mt][e2][nt] = packed;
+                        *reinterpret_cast<unsigned*>(sP + st_offset(mt, e2, nt)) = packed;
                     }
                 }
             }
             // dP_ij = dO_i V_j^T, then dS_ij = P_ij ∘ (dP_ij - D_i), stored to shared memory.
             {
                 float acc[S_MT][S_NT][4];
-                product(acc, OFF_DO + qoff, OFF_V);
+                product(acc, OFF_DO + qoff, OFF_V, Tile::DP_FENCE);
 #pragma unroll
                 for (int mt = 0; mt < S_MT; ++mt)
 #pragma unroll
@@ -357,8 +370,11 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 #pragma unroll
                     for (int nt = 0; nt < S_NT; ++nt) {
                         float p[2];
-                        T::unpack(*reinterpret_cast<const unsigned*>(sP + st_offset(mt, e2, nt)),
-                                  p[0], p[1]);
+                        if constexpr (P_IN_REGS)
+                            T::unpack(pk[mt][e2][nt], p[0], p[1]);
+                        else
+                            T::unpack(*reinterpret_cast<const unsigned*>(
+                                          sP + st_offset(mt, e2, nt)), p[0], p[1]);
                         const float ds0 = p[0] * (acc[mt][nt][e2 * 2] - D_r);
                         const float ds1 = p[1] * (acc[mt][nt][e2 * 2 + 1] - D_r);
                         *reinterpret_cast<unsigned*>(sdS + st_offset(mt, e2, nt)) =
