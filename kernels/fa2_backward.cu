@@ -112,9 +112,9 @@ struct BackwardTile {
     // (ungrouped there spills; at HD <= 64 ungrouped is up to 4% faster, PERFORMANCE.md).
     static constexpr bool GROUP_K = HD > 64;
     // P_ij stays in registers (packed to 16 bits) from its computation to dS_ij, instead of
-    // being read back from shared memory (measured +4-9% at HD 64 and 128, where it fits; the
-    // extra reads had filled the shared-memory instruction queue: ncu "MIO throttle").
-    static constexpr bool P_IN_REGS = HD == 64 || HD == 128;
+    // being read back from shared memory (measured +4-9% at HD 64 and 128; the extra reads had
+    // filled the shared-memory instruction queue: ncu "MIO throttle"). Above 128 it spills.
+    static constexpr bool P_IN_REGS = HD <= 128;
     // Without the bulk dQ path (sm_80) those variants need a warp barrier between the k steps
     // of dP = dO V^T, which stops ptxas from hoisting fragments of later steps (else it spills).
     static constexpr bool DP_FENCE = P_IN_REGS && DQ_BULK == 0;
