@@ -37,9 +37,10 @@
 //
 // Deterministic mode (`deterministic` = 1): gridDim.x is a fixed number of splits; thread block
 // x handles column blocks x, x + gridDim.x, ... and owns slice x of dQ_accum. Each element of a
-// slice is then updated by one thread only, in program order, so the sums come out the same on
-// every run; fa2_backward_dq adds the slices in a fixed order. Otherwise gridDim.x = T_c and all
-// blocks add into slice 0, in whatever order the atomics land.
+// slice is then updated by one thread only, in program order (DQ_BULK: by one reduction per
+// column block, each column block's completing before the next one's start), so the sums come
+// out the same on every run; fa2_backward_dq(_bulk) adds the slices in a fixed order. Otherwise
+// gridDim.x = T_c and all blocks add into slice 0, in whatever order the additions land.
 //
 // Variants: T (fp16 | bf16), HD (head-dim bucket), B_r, B_c, NWARPS, the three warp layouts
 // (WM_SDP, WM_DKV, WM_DQ), QSTAGES (1 or 2 shared-memory buffers for Q_i, dO_i, L_i, D_i),
@@ -250,15 +251,15 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     };
 
     // DQ_BULK: hand dQ tile `t` (complete: call after a barrier) to the copy engine, to be added
-    // into row block i of this block's slice of dQ_accum; thread 0 issues it. In deterministic
-    // mode each reduction waits for the previous one to complete, so that the additions into
-    // an element happen in a fixed order.
+    // into row block i of this block's slice of dQ_accum; thread 0 issues it. The reductions of
+    // one column block go to distinct row blocks; in deterministic mode all of them complete
+    // before the next column block's first one is issued, so that the additions into each
+    // element of the slice happen in a fixed order.
     int dq_tile = 0;  // the tile this block's next dQ_ij goes to
     auto flush_dq = [&](int i, int t) {
         if (DQ_BULK && tid == 0) {
             const long long split = deterministic ? blockIdx.x : 0;
             const int T_r = (seqlen_q + B_r - 1) / B_r;
-            if (deterministic) bulk_wait();
             bulk_reduce_add_f32(dQ_accum + (((split * gridDim.z + blockIdx.z) * gridDim.y +
                                              blockIdx.y) * T_r + i) * (B_r * HD),
                                 sbase + OFF_DQ + t * Tile::TILE_DQ, Tile::TILE_DQ);
@@ -522,6 +523,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             __syncthreads();  // the last row block's dQ tile is complete
             flush_dq(rb.end - 1, dq_tile);
             dq_tile = DQ_BULK == 2 ? dq_tile ^ 1 : 0;
+            if (deterministic && tid == 0) bulk_wait();
         }
 
         // ---- epilogue: dK_j = scale * dK_j, dV_j, written straight from registers ----------
