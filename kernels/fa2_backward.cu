@@ -176,6 +176,9 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
              long long dk_stride_b, long long dk_stride_s, long long dk_stride_h,
              float softmax_scale, float scale_log2) {
     using Tile = BackwardTile<HD, B_r, B_c, NWARPS, WM_SDP, WM_DKV, WM_DQ, QSTAGES, DQ_BULK>;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    static_assert(DQ_BULK == 0, "DQ_BULK needs sm_90 or newer (cp.reduce.async.bulk)");
+#endif
     constexpr int NTHREADS = Tile::NTHREADS;
     constexpr bool GROUP_K = Tile::GROUP_K;
     constexpr int S_MT = Tile::S_MT, S_NT = Tile::S_NT, KV_MT = Tile::KV_MT,
