@@ -335,7 +335,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             // (Tile::P_IN_REGS), or each lane reads its own values back (no barrier needed);
             // either way dS uses the rounded P, as 16-bit autodiff would.
             constexpr bool P_IN_REGS = Tile::P_IN_REGS;
-            unsigned pk[P_IN_REGS ? S_MT : 1][2][P_IN_REGS ? S_NT : 1];  // P_ij, packed
+            [[maybe_unused]] unsigned pk[P_IN_REGS ? S_MT : 1][2][P_IN_REGS ? S_NT : 1];  // P_ij
             {
                 float acc[S_MT][S_NT][4];
                 product(acc, OFF_Q + qoff, OFF_K, false);
