@@ -207,22 +207,11 @@ _BACKWARD_CONFIGS = {
 }
 
 
-# Above HD = 128 most bulk-dQ variants spill registers (8-48 bytes); the spill-free ones,
-# (B_r, B_c, nwarps, wm_sdp, wm_dkv, wm_dq, qstages, dQ tiles), sm_90+. d 192 with one
-# row-block buffer and bulk dQ measured 0.85/0.91x FA2 against 0.77/0.75x with two buffers
-# and atomics (bf16, n 4096, non-causal/causal).
-_BACKWARD_CONFIGS_BULK = {192: [(64, 64, 8, 4, 2, 2, 1, 1)]}
-
-
 def backward_configs(HD: int, bulk: bool = False) -> list[BackwardConfig]:
     """The shapes for head-dim bucket HD in order of preference; with `bulk` (sm_90+), each
-    with two dQ tiles, then with one (up to HD = 128; above, the listed spill-free ones, then
-    the atomics)."""
-    if HD > 128:
-        extra = _BACKWARD_CONFIGS_BULK.get(HD, []) if bulk else []
-        return ([BackwardConfig(HD, *c[:7], dq_bulk=c[7]) for c in extra] +
-                [BackwardConfig(HD, *c) for c in _BACKWARD_CONFIGS[HD]])
-    tiles = (2, 1) if bulk else (0,)
+    with two dQ tiles, then with one. Above HD = 128 the bulk variants spill registers (a few
+    bytes per step), so those buckets keep the atomics."""
+    tiles = (2, 1) if bulk and HD <= 128 else (0,)
     return [BackwardConfig(HD, *c, dq_bulk=n) for c in _BACKWARD_CONFIGS[HD] for n in tiles]
 
 
