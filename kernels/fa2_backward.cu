@@ -253,20 +253,22 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         }
     };
 
-    // DQ_BULK: hand dQ tile `t` (complete: call after a barrier) to the copy engine, to be added
-    // into row block i of this block's slice of dQ_accum; thread 0 issues it. The reductions of
+    // DQ_BULK: hand the current dQ tile (complete: call after a barrier) to the copy engine, to
+    // be added into row block i of this block's slice of dQ_accum (thread 0 issues it), and move
+    // on to the next tile. The reductions of
     // one column block go to distinct row blocks; in deterministic mode all of them complete
     // before the next column block's first one is issued, so that the additions into each
     // element of the slice happen in a fixed order.
     int dq_tile = 0;  // the tile this block's next dQ_ij goes to
-    auto flush_dq = [&](int i, int t) {
+    auto flush_dq = [&](int i) {
         if (DQ_BULK && tid == 0) {
             const long long split = deterministic ? blockIdx.x : 0;
             const int T_r = (seqlen_q + B_r - 1) / B_r;
             bulk_reduce_add_f32(dQ_accum + (((split * gridDim.z + blockIdx.z) * gridDim.y +
                                              blockIdx.y) * T_r + i) * (B_r * HD),
-                                sbase + OFF_DQ + t * Tile::TILE_DQ, Tile::TILE_DQ);
+                                sbase + OFF_DQ + dq_tile * Tile::TILE_DQ, Tile::TILE_DQ);
         }
+        dq_tile = DQ_BULK == 2 ? dq_tile ^ 1 : 0;
     };
 
     for (int j = blockIdx.x; j < T_c; j += gridDim.x) {
@@ -503,8 +505,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             // step i - 1: its row-block buffer, P and dS may be overwritten, its dQ tile sent.
             __syncthreads();
             if (DQ_BULK && i > rb.begin) {  // step i - 1's dQ tile is complete
-                flush_dq(i - 1, dq_tile);
-                dq_tile = DQ_BULK == 2 ? dq_tile ^ 1 : 0;
+                flush_dq(i - 1);
             }
             if (QSTAGES == 2 && i + 1 < rb.end) {  // the next row block loads during this step
                 load_row_block(i + 1, buf ^ 1);
@@ -524,8 +525,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 
         if (DQ_BULK && rb.begin < rb.end) {
             __syncthreads();  // the last row block's dQ tile is complete
-            flush_dq(rb.end - 1, dq_tile);
-            dq_tile = DQ_BULK == 2 ? dq_tile ^ 1 : 0;
+            flush_dq(rb.end - 1);
             if (deterministic && tid == 0) bulk_wait();
         }
 
