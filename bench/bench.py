@@ -299,18 +299,10 @@ def main(argv=None) -> int:
         point = Point(cp, args.dtype, args.batch, args.heads, args.seqlen, args.headdim,
                       args.causal, args.which)
         configs = None
-        if args.configs and args.which == "fwd":
-            HD = _plan.head_dim_bucket(args.headdim)
-            configs = [_plan.ForwardConfig(HD, *map(int, c.split("x")))
-                       for c in args.configs.split(",")]
-        elif args.configs:
-            HD = _plan.backward_head_dim_bucket(args.headdim)
+        if args.configs:
             bulk = _plan.has_bulk_copy(int(cp.cuda.Device().compute_capability))
-            configs = []
-            for c in args.configs.split(","):
-                shape = list(map(int, c.split("x")))
-                configs.append(_plan.BackwardConfig(
-                    HD, *shape[:7], dq_bulk=shape[7] if len(shape) > 7 else 2 * bulk))
+            configs = [_plan.config_from_shape(args.which, args.headdim, c, bulk)
+                       for c in args.configs.split(",")]
         print(f"{meta['device']}: {args.which} {args.dtype} b={args.batch} h={args.heads} "
               f"n={args.seqlen} d={args.headdim} causal={args.causal}")
         rows = run_point(cp, point, providers, args.reps, args.warmup, configs,

@@ -29,12 +29,8 @@ def main(argv):
     which, d, n, b, h = argv[0], int(argv[1]), int(argv[2]), int(argv[3]), int(argv[4])
     cfg = None
     if len(argv) > 5:
-        shape = tuple(map(int, argv[5].split("x")))
-        cfg = (_plan.ForwardConfig(_plan.head_dim_bucket(d), *shape) if which == "fwd"
-               else _plan.BackwardConfig(_plan.backward_head_dim_bucket(d), *shape[:7],
-                                         dq_bulk=shape[7] if len(shape) > 7 else
-                                         2 * _plan.has_bulk_copy(int(
-                                             cp.cuda.Device().compute_capability))))
+        cfg = _plan.config_from_shape(
+            which, d, argv[5], _plan.has_bulk_copy(int(cp.cuda.Device().compute_capability)))
     q, k, v, do = (cp.random.standard_normal((b, n, h, d), dtype=cp.float32)
                    .astype(ml_dtypes.bfloat16) for _ in range(4))
     tq, tk, tv = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16,

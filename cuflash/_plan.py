@@ -234,6 +234,17 @@ def has_bulk_copy(compute_capability: int) -> bool:
     return compute_capability >= 90
 
 
+def config_from_shape(which: str, d: int, shape: str, bulk: bool = False):
+    """A tile shape written as in bench/bench.py --configs: forward "BrxBcxWarps[xKVstages]",
+    backward "BrxBcxWarpsxWMsdpxWMdkvxWMdqxQstages[xDQbulk]" (the dQ mode defaults to two
+    bulk tiles where `bulk`, i.e. sm_90+, else atomics), for head dim d."""
+    n = [int(x) for x in shape.split("x")]
+    if which == "fwd":
+        return ForwardConfig(head_dim_bucket(d), *n)
+    return BackwardConfig(backward_head_dim_bucket(d), *n[:7],
+                          dq_bulk=n[7] if len(n) > 7 else 2 * bulk)
+
+
 def _tile_args(cfg: BackwardConfig) -> str:
     return (f"{cfg.HD}, {cfg.B_r}, {cfg.B_c}, {cfg.nwarps}, {cfg.wm_sdp}, {cfg.wm_dkv}, "
             f"{cfg.wm_dq}, {cfg.qstages}")

@@ -79,3 +79,14 @@ def test_parity_report_lists_ratios_and_points_below_target(grid_json, tmp_path)
     assert "1.36x" in text                # deterministic 220 vs default 300 TFLOP/s: time ratio
     assert "deterministic 1.36x the default's time" in text
     assert "- none" not in text
+
+
+def test_config_from_shape_reads_the_bench_notation():
+    from cuflash import _plan
+    fwd = _plan.config_from_shape("fwd", 96, "128x64x4x2")
+    assert fwd == _plan.ForwardConfig(96, 128, 64, 4, 2)
+    assert _plan.config_from_shape("fwd", 128, "64x128x4").kv_stages == 1
+    bwd = _plan.config_from_shape("bwd", 128, "64x128x8x2x4x2x2", bulk=True)
+    assert bwd == _plan.BackwardConfig(128, 64, 128, 8, 2, 4, 2, 2, dq_bulk=2)
+    assert _plan.config_from_shape("bwd", 128, "64x128x8x2x4x2x2").dq_bulk == 0
+    assert _plan.config_from_shape("bwd", 64, "128x128x8x2x4x4x2x1", bulk=True).dq_bulk == 1
