@@ -402,13 +402,15 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
              *_strides(out), *_strides(dout)))
 
         # 2. dK, dV per column block; dQ accumulated in float32 slices
+        # float32 dQ sums; with dq_bulk in whole row blocks, in the kernel's fragment order.
+        # Deterministic with dq_bulk: each slice's first write is a store (no zeroing needed).
         T_c = (seqlen_k + cfg.B_c - 1) // cfg.B_c
-        splits = _deterministic_splits(cupy, device_id, T_c, batch * nheads) \
-            if deterministic else 1
-        # float32 dQ sums; with dq_bulk in whole row blocks, in the kernel's fragment order
         T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
         rows = T_r * cfg.B_r if cfg.dq_bulk else seqlen_q
-        dq_accum = cupy.zeros((splits, batch, nheads, rows, cfg.HD), dtype=cupy.float32)
+        splits = _deterministic_splits(cupy, device_id, T_c, batch * nheads, cfg, seqlen_q,
+                                       rows, causal) if deterministic else 1
+        alloc = cupy.empty if deterministic and cfg.dq_bulk else cupy.zeros
+        dq_accum = alloc((splits, batch, nheads, rows, cfg.HD), dtype=cupy.float32)
         if group > 1:  # one float32 slice per query head, summed over each group below
             dk_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
             dv_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
@@ -425,7 +427,8 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
         # 3. dQ = scale * sum of the slices, in the input dtype
         if cfg.dq_bulk:  # one thread per 4 floats
             fin(((T_r * cfg.B_r * cfg.HD // 4 + 127) // 128, nheads, batch), (128,),
-                (dq_accum, dq, np.int32(splits), np.int32(seqlen_q), np.int32(d),
+                (dq_accum, dq, np.int32(splits), np.int32(bool(deterministic)),
+                 np.int32(bool(causal)), np.int32(seqlen_q), np.int32(seqlen_k), np.int32(d),
                  *_strides(dq), np.float32(scale)))
         else:  # one thread per 8 elements of a row
             fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), (128,),
@@ -440,18 +443,23 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
 _backward_launches: dict = {}
 
 
-def _deterministic_splits(cupy, device_id: int, T_c: int, bh: int) -> int:
+def _deterministic_splits(cupy, device_id: int, T_c: int, bh: int, cfg, seqlen_q: int,
+                          rows: int, causal: bool) -> int:
     """Thread blocks per (batch, head) in deterministic mode.
 
-    Block x of a (batch, head) takes column blocks x, x + splits, ... in turn, so the time goes
-    as (waves of blocks) x (column blocks per block): ceil(bh * splits / SMs) *
-    ceil(T_c / splits), one block per SM. The default mode runs ceil(bh * T_c / SMs) waves of
-    one column block each; the split count that comes closest, smallest first (each split is
-    one more float32 copy of dQ), at most 16."""
+    Block x of a (batch, head) takes T_c / splits column blocks in turn, so the compute time
+    goes as (waves of blocks) x (column blocks per block): ceil(bh * splits / SMs) *
+    ceil(T_c / splits), one block per SM (the default mode runs ceil(bh * T_c / SMs) waves of
+    one column block each). Each split also costs one float32 copy of dQ, written once and read
+    once. The split count with the lowest estimate of the two, at most 16; the estimate takes a
+    column block at ~1.6 TFLOP/s per SM (2.5 forward-sized matmuls of B_c x seqlen_q x HD, half
+    of them under a causal mask) and memory at ~3 TB/s."""
     sms = _device_properties(cupy, device_id)["multiProcessorCount"]
+    block_s = 2.5 * 4 * cfg.B_c * seqlen_q * cfg.HD * (0.5 if causal else 1.0) / 1.6e12
+    slice_s = 2 * bh * rows * cfg.HD * 4 / 3e12
     best_cost, best = None, 1
     for splits in range(1, min(T_c, 16) + 1):
-        cost = -(-bh * splits // sms) * -(-T_c // splits)
+        cost = -(-bh * splits // sms) * -(-T_c // splits) * block_s + splits * slice_s
         if best_cost is None or cost < best_cost:
             best_cost, best = cost, splits
     return best

@@ -153,10 +153,10 @@ def fa1_finalize_name(dtype_name: str) -> str:
     return f"cuflash::fa1_finalize<{ELEMENT_TAGS[dtype_name]}>"
 
 # ---- backward ----------------------------------------------------------------------------
-# The buckets are coarser than the forward's: a warp layout that splits the head dim across
-# warps needs whole 64-element groups (HD % 64 == 0), and the 96 variant spilled registers
-# (PERFORMANCE.md), so d = 96 runs the 128 kernel, 160 the 192 kernel and 224 the 256 kernel.
-BACKWARD_HEAD_DIM_BUCKETS = (32, 64, 128, 192, 256)
+# d = 96, 160, 224 run their own kernels: a layout that splits such a head dim across warps
+# lays the K, V, Q, dO tiles out with the next multiple of 64 as row pitch (BackwardConfig.pitch)
+# and computes over HD columns only.
+BACKWARD_HEAD_DIM_BUCKETS = HEAD_DIM_BUCKETS
 
 
 def backward_head_dim_bucket(d: int) -> int:
@@ -185,34 +185,62 @@ class BackwardConfig:
         return 32 * self.nwarps
 
     @property
+    def pitch(self) -> int:
+        """Row length (elements) of the K, V, Q, dO tiles in shared memory: HD, or the next
+        multiple of 64 where the layout splits the head dim across warps
+        (BackwardTile::PITCH)."""
+        split = self.nwarps != self.wm_dkv or self.nwarps != self.wm_dq
+        return -(-self.HD // 64) * 64 if split else self.HD
+
+    @property
     def smem_bytes(self) -> int:
-        kv = 2 * self.B_c * self.HD * 2                          # K_j, V_j
-        rows = self.qstages * (2 * self.B_r * self.HD * 2        # Q_i, dO_i
+        kv = 2 * self.B_c * self.pitch * 2                       # K_j, V_j
+        rows = self.qstages * (2 * self.B_r * self.pitch * 2     # Q_i, dO_i
                                + 2 * self.B_r * 4)               # L_i, D_i
         p = 2 * self.B_r * self.B_c * 2                          # P_ij, dS_ij
         dq = self.dq_bulk * self.B_r * self.HD * 4               # dQ_ij tiles, float32
         return kv + rows + p + dq
 
 
-# (B_r, B_c, nwarps, wm_sdp, wm_dkv, wm_dq, qstages) in order of preference; the first that
-# fits the device's shared memory (227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89/120).
-# Each is spill-free on sm_80 and sm_90 (the CPU compile check enforces it); PERFORMANCE.md has
-# the measurements behind the choices.
+# (B_r, B_c, nwarps, wm_sdp, wm_dkv, wm_dq, qstages) in order of preference, dQ by atomics;
+# the first that fits the device's shared memory (227 KB on sm_90, 163 KB on sm_80, 99 KB on
+# sm_86/89/120). Each is spill-free on sm_80 and sm_90 (the CPU compile check enforces it);
+# PERFORMANCE.md has the measurements behind the choices.
 _BACKWARD_CONFIGS = {
     32: [(128, 128, 8, 4, 8, 8, 2), (128, 128, 8, 4, 8, 8, 1)],
     64: [(128, 128, 8, 2, 4, 4, 2), (128, 128, 8, 2, 4, 4, 1), (64, 128, 8, 2, 4, 2, 1)],
+    96: [(64, 128, 8, 4, 4, 4, 2), (64, 128, 8, 4, 4, 4, 1), (64, 64, 8, 4, 4, 4, 1)],
     128: [(64, 128, 8, 2, 4, 2, 2), (64, 128, 8, 2, 4, 2, 1), (64, 64, 8, 4, 2, 2, 1)],
+    160: [(64, 64, 8, 4, 4, 4, 2), (64, 64, 8, 4, 4, 4, 1)],
     192: [(64, 64, 8, 4, 2, 2, 2)],
-    256: [(64, 64, 8, 4, 4, 4, 2), (64, 64, 8, 4, 4, 2, 1)],
+    224: [(64, 64, 8, 4, 4, 4, 2), (64, 64, 8, 4, 4, 4, 1)],
+    256: [(64, 64, 8, 2, 2, 2, 2), (64, 64, 8, 2, 2, 2, 1)],
+}
+
+# With the bulk dQ reduction (sm_90+), tried first: (kernel head-dim bucket, B_r, B_c, nwarps,
+# wm_sdp, wm_dkv, wm_dq, qstages, dQ tiles). Up to HD = 128 every shape above is also tried
+# with two, then one dQ tile; above, those variants spill registers (8-48 bytes), so only the
+# spill-free ones listed here are used, then the atomics. d 160 runs the 192 kernel (measured
+# 0.92/0.97x FA2, bf16 n 4096 non-causal/causal; its own atomics kernel: 0.90/0.92x);
+# PERFORMANCE.md has the rest.
+_BACKWARD_CONFIGS_BULK = {
+    160: [(192, 64, 64, 8, 4, 2, 2, 1, 1)],
+    192: [(192, 64, 64, 8, 4, 2, 2, 1, 1)],
 }
 
 
 def backward_configs(HD: int, bulk: bool = False) -> list[BackwardConfig]:
-    """The shapes for head-dim bucket HD in order of preference; with `bulk` (sm_90+), each
-    with two dQ tiles, then with one. Above HD = 128 the bulk variants spill registers (a few
-    bytes per step), so those buckets keep the atomics."""
-    tiles = (2, 1) if bulk and HD <= 128 else (0,)
-    return [BackwardConfig(HD, *c, dq_bulk=n) for c in _BACKWARD_CONFIGS[HD] for n in tiles]
+    """The shapes for head-dim bucket HD in order of preference. With `bulk` (sm_90+): the
+    listed bulk ones, then (HD <= 128) each shape with two dQ tiles, then with one, and last
+    the atomics (for GPUs whose shared memory fits no bulk variant)."""
+    shapes = _BACKWARD_CONFIGS[HD]
+    atomics = [BackwardConfig(HD, *c) for c in shapes]
+    if not bulk:
+        return atomics
+    listed = [BackwardConfig(*c[:8], dq_bulk=c[8]) for c in _BACKWARD_CONFIGS_BULK.get(HD, [])]
+    derived = [BackwardConfig(HD, *c, dq_bulk=n) for c in shapes for n in (2, 1)] \
+        if HD <= 128 else []
+    return list(dict.fromkeys(listed + derived + atomics))
 
 
 def backward_config(HD: int, max_smem_bytes: int = 227 * 1024,

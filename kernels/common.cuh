@@ -169,21 +169,25 @@ __device__ __forceinline__ int opaque(int x) {
 }
 
 // The k loop of a warp-level matrix product: f(k, g) for k steps of 16, step k + 4 g. When there
-// are more than 4 steps (and whole groups of 4), the groups run as a real loop and only the 4
-// steps inside one are unrolled: the compiler then hoists at most a group's operand loads
-// ahead of the MMAs, instead of filling every free register with fragments (which pushed
-// loop-invariant values into local memory in the backward kernel). One group of 4 steps is 64
-// elements: 8 chunks, one whole swizzle group, so the group offset is a plain byte offset
-// (128 bytes along a row, 64 rows down a column).
+// are more than 4 steps, the whole groups of 4 run as a real loop and only the 4 steps inside
+// one are unrolled: the compiler then hoists at most a group's operand loads ahead of the
+// MMAs, instead of filling every free register with fragments (which pushed loop-invariant
+// values into local memory in the backward kernel). One group of 4 steps is 64 elements:
+// 8 chunks, one whole swizzle group, so the group offset is a plain byte offset (128 bytes
+// along a row, 64 rows down a column). The steps after the last whole group (KSTEPS % 4, a
+// head dim of 96, 160 or 224) follow unrolled, as steps 4 (KSTEPS / 4) + k of group 0, so that
+// their addresses go through the tile's own swizzle (which may be a 4-chunk tail group).
 // GROUPED = false unrolls all the steps (for kernels with registers to spare: hoisted loads
 // then hide more shared-memory latency).
 template <int KSTEPS, bool GROUPED = true, typename F>
 __device__ __forceinline__ void k_loop(F&& f) {
-    if constexpr (GROUPED && KSTEPS > 4 && KSTEPS % 4 == 0) {
+    if constexpr (GROUPED && KSTEPS > 4) {
 #pragma unroll 1
         for (int g = 0; g < KSTEPS / 4; ++g)
 #pragma unroll
             for (int k = 0; k < 4; ++k) f(k, g);
+#pragma unroll
+        for (int k = 0; k < KSTEPS % 4; ++k) f(KSTEPS / 4 * 4 + k, 0);
     } else {
 #pragma unroll
         for (int k = 0; k < KSTEPS; ++k) f(k, 0);
@@ -368,6 +372,15 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, un
 #if __CUDA_ARCH__ >= 900
     asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0;\n"
                  "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [g], [%1], %2;\n"
+                 "cp.async.bulk.commit_group; }"
+                 :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+#endif
+}
+// global[dst .. dst + bytes) = shared[src .. src + bytes) (a plain bulk copy, same rules).
+__device__ __forceinline__ void bulk_store(float* dst, unsigned src, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0;\n"
+                 "cp.async.bulk.global.shared::cta.bulk_group [g], [%1], %2;\n"
                  "cp.async.bulk.commit_group; }"
                  :: "l"(dst), "r"(src), "r"(bytes) : "memory");
 #endif

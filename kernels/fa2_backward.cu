@@ -37,10 +37,11 @@
 //
 // Deterministic mode (`deterministic` = 1): gridDim.x is a fixed number of splits; thread block
 // x handles column blocks x, x + gridDim.x, ... and owns slice x of dQ_accum. Each element of a
-// slice is then updated by one thread only, in program order (DQ_BULK: by one reduction per
-// column block, each column block's completing before the next one's start), so the sums come
-// out the same on every run; fa2_backward_dq(_bulk) adds the slices in a fixed order. Otherwise
-// gridDim.x = T_c and all blocks add into slice 0, in whatever order the additions land.
+// slice is then updated by one thread only, in program order (DQ_BULK: by one bulk operation
+// per column block, each column block's completing before the next one's start; the first
+// column block stores, the others add), so the sums come out the same on every run;
+// fa2_backward_dq(_bulk) adds the slices in a fixed order. Otherwise gridDim.x = T_c and all
+// blocks add into slice 0 (zeroed), in whatever order the additions land.
 //
 // Variants: T (fp16 | bf16), HD (head-dim bucket), B_r, B_c, NWARPS, the three warp layouts
 // (WM_SDP, WM_DKV, WM_DQ), QSTAGES (1 or 2 shared-memory buffers for Q_i, dO_i, L_i, D_i),
@@ -105,6 +106,13 @@ struct BackwardTile {
     // 16 at HD > 128, where dK_j and dV_j leave no more).
     static constexpr int Q_MW = B_r / WM_DQ, Q_NW = HD / (NWARPS / WM_DQ);
     static constexpr int Q_MT = Q_MW / 16, Q_NT = Q_NW / 8;
+    // Row pitch of the K_j, V_j, Q_i, dO_i tiles in shared memory, in elements. A warp's
+    // head-dim part may start inside a swizzle group (chunk offset, SwizzledReader) only where
+    // the row is whole 8-chunk groups; a head dim that is not (96, 160, 224) and is split
+    // across warps is laid out in the next multiple of 64, whose tail is never read. The math
+    // (k loops, warp tiles, dQ_accum) runs over HD alone.
+    static constexpr bool SPLIT_HD = KV_NW != HD || Q_NW != HD;
+    static constexpr int PITCH = SPLIT_HD ? (HD + 63) / 64 * 64 : HD;
     static constexpr int DQ_TILES = HD > 128 ? 4 : 8;  // m16n8 accumulator tiles per pass
     static constexpr int DQ_PASS = Q_MT * Q_NT <= DQ_TILES ? Q_NT
                                  : Q_NT % 4 == 0 && Q_MT * 4 <= DQ_TILES ? 4 : 2;
@@ -112,16 +120,16 @@ struct BackwardTile {
     // The warp-level k loops run grouped (k_loop) where registers are short: above HD = 64
     // (ungrouped there spills; at HD <= 64 ungrouped is up to 4% faster, PERFORMANCE.md).
     static constexpr bool GROUP_K = HD > 64;
-    // P_ij stays in registers (packed to 16 bits) from its computation to dS_ij, instead of
-    // being read back from shared memory (measured +4-9% at HD 64 and 128; the extra reads had
-    // filled the shared-memory instruction queue: ncu "MIO throttle"). Above 128 it spills.
-    static constexpr bool P_IN_REGS = HD <= 128;
-    // Without the bulk dQ path (sm_80) those variants need a warp barrier between the k steps
-    // of dP = dO V^T, which stops ptxas from hoisting fragments of later steps (else it spills).
-    static constexpr bool DP_FENCE = P_IN_REGS && DQ_BULK == 0;
+    // The k loop over the head dim (S, dP) runs grouped where it is whole groups of 4 steps,
+    // or with a 2-step tail above HD = 128; at HD = 96 the 6 steps unroll (grouped, spills).
+    static constexpr bool GROUP_HD = HD % 64 == 0 || HD > 128;
+    // Without the bulk dQ path (sm_80) a warp barrier between the k steps of dP = dO V^T stops
+    // ptxas from hoisting fragments of later steps next to P_ij (kept in registers; else it
+    // spills).
+    static constexpr bool DP_FENCE = DQ_BULK == 0;
     // Shared memory, in bytes.
-    static constexpr int TILE_KV = B_c * HD * 2;  // K_j, V_j
-    static constexpr int TILE_Q = B_r * HD * 2;   // Q_i, dO_i (QSTAGES copies each)
+    static constexpr int TILE_KV = B_c * PITCH * 2;  // K_j, V_j
+    static constexpr int TILE_Q = B_r * PITCH * 2;   // Q_i, dO_i (QSTAGES copies each)
     static constexpr int TILE_P = B_r * B_c * 2;  // P_ij, dS_ij
     static constexpr int VEC = B_r * 4;           // L_i, D_i (QSTAGES copies each)
     static constexpr int TILE_DQ = B_r * HD * 4;  // dQ_ij, float32 (DQ_BULK copies)
@@ -143,10 +151,6 @@ struct BackwardTile {
                   "warp layouts must tile the warps");
     static_assert(S_MW % 16 == 0 && S_NW % 16 == 0 && KV_MW % 16 == 0 && KV_NW % 16 == 0 &&
                   Q_MW % 16 == 0 && Q_NW % 16 == 0, "per-warp tiles: multiples of 16");
-    // A warp's head-dim part starts at a chunk offset, which SwizzledReader allows only when
-    // the row is whole 8-chunk groups.
-    static_assert((KV_NW == HD && Q_NW == HD) || HD % 64 == 0,
-                  "head dim split across warps needs HD % 64 == 0");
     static_assert(Q_NT % DQ_PASS == 0 && DQ_PASS % 2 == 0, "dQ passes");
     static_assert(QSTAGES == 1 || QSTAGES == 2, "1 or 2 buffers for the row block");
     static_assert(DQ_BULK >= 0 && DQ_BULK <= 2, "0 (atomics), 1 or 2 dQ tiles");
@@ -179,7 +183,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     static_assert(DQ_BULK == 0, "DQ_BULK needs sm_90 or newer (cp.reduce.async.bulk)");
 #endif
-    constexpr int NTHREADS = Tile::NTHREADS;
+    constexpr int NTHREADS = Tile::NTHREADS, PITCH = Tile::PITCH;
     constexpr bool GROUP_K = Tile::GROUP_K;
     constexpr int S_MT = Tile::S_MT, S_NT = Tile::S_NT, KV_MT = Tile::KV_MT,
                   KV_NT = Tile::KV_NT, Q_MT = Tile::Q_MT, DQ_PASS = Tile::DQ_PASS;
@@ -187,11 +191,12 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 
     // ---- shared memory: one buffer carved into named tiles --------------------------------
     extern __shared__ __attribute__((aligned(128))) unsigned char smem[];
+    // (rows, PITCH) tiles: HD columns used, the rest (if any) never read
     elem_t* sK = reinterpret_cast<elem_t*>(smem);                     // (B_c, HD)  K_j
-    elem_t* sV = sK + B_c * HD;                                       // (B_c, HD)  V_j
-    elem_t* sQ = sV + B_c * HD;                                       // QSTAGES x (B_r, HD) Q_i
-    elem_t* sdO = sQ + QSTAGES * B_r * HD;                            // QSTAGES x (B_r, HD) dO_i
-    elem_t* sP = sdO + QSTAGES * B_r * HD;                            // (B_r, B_c) P_ij
+    elem_t* sV = sK + B_c * PITCH;                                    // (B_c, HD)  V_j
+    elem_t* sQ = sV + B_c * PITCH;                                    // QSTAGES x (B_r, HD) Q_i
+    elem_t* sdO = sQ + QSTAGES * B_r * PITCH;                         // QSTAGES x (B_r, HD) dO_i
+    elem_t* sP = sdO + QSTAGES * B_r * PITCH;                         // (B_r, B_c) P_ij
     elem_t* sdS = sP + B_r * B_c;                                     // (B_r, B_c) dS_ij
     float* sL = reinterpret_cast<float*>(sdS + B_r * B_c);            // QSTAGES x (B_r) L_i
     float* sD = sL + QSTAGES * B_r;                                   // QSTAGES x (B_r) D_i
@@ -239,11 +244,11 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         const int row0 = i * B_r, t = REBUILD ? opaque(tid) : tid;
         const long long b = REBUILD ? opaque(batch) : batch;
         const long long h = REBUILD ? opaque(head) : head;
-        load_tile_async<B_r, HD, NTHREADS>(
-            sQ + buf * B_r * HD, Q + b * q_stride_b + h * q_stride_h + row0 * q_stride_s,
+        load_tile_async<B_r, PITCH, NTHREADS>(
+            sQ + buf * B_r * PITCH, Q + b * q_stride_b + h * q_stride_h + row0 * q_stride_s,
             q_stride_s, seqlen_q - row0, chunks, t);
-        load_tile_async<B_r, HD, NTHREADS>(
-            sdO + buf * B_r * HD, dO + b * do_stride_b + h * do_stride_h + row0 * do_stride_s,
+        load_tile_async<B_r, PITCH, NTHREADS>(
+            sdO + buf * B_r * PITCH, dO + b * do_stride_b + h * do_stride_h + row0 * do_stride_s,
             do_stride_s, seqlen_q - row0, chunks, t);
         if (t < B_r) {
             const bool valid = row0 + t < seqlen_q;
@@ -255,23 +260,34 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 
     // DQ_BULK: hand the current dQ tile (complete: call after a barrier) to the copy engine, to
     // be added into row block i of this block's slice of dQ_accum (thread 0 issues it), and move
-    // on to the next tile. The reductions of
-    // one column block go to distinct row blocks; in deterministic mode all of them complete
-    // before the next column block's first one is issued, so that the additions into each
-    // element of the slice happen in a fixed order.
+    // on to the next tile. The reductions of one column block go to distinct row blocks; in
+    // deterministic mode all of them complete before the next column block's first one is
+    // issued, so that the additions into each element of the slice happen in a fixed order, and
+    // the block's first column block stores its tiles instead (`store`): the slices need no
+    // zeroing, and fa2_backward_dq_bulk skips the row blocks a slice never received.
     int dq_tile = 0;  // the tile this block's next dQ_ij goes to
-    auto flush_dq = [&](int i) {
+    auto flush_dq = [&](int i, bool store) {
         if (DQ_BULK && tid == 0) {
             const long long split = deterministic ? blockIdx.x : 0;
             const int T_r = (seqlen_q + B_r - 1) / B_r;
-            bulk_reduce_add_f32(dQ_accum + (((split * gridDim.z + blockIdx.z) * gridDim.y +
-                                             blockIdx.y) * T_r + i) * (B_r * HD),
-                                sbase + OFF_DQ + dq_tile * Tile::TILE_DQ, Tile::TILE_DQ);
+            float* dst = dQ_accum + (((split * gridDim.z + blockIdx.z) * gridDim.y +
+                                      blockIdx.y) * T_r + i) * (B_r * HD);
+            const unsigned src = sbase + OFF_DQ + dq_tile * Tile::TILE_DQ;
+            if (store)
+                bulk_store(dst, src, Tile::TILE_DQ);
+            else
+                bulk_reduce_add_f32(dst, src, Tile::TILE_DQ);
         }
         dq_tile = DQ_BULK == 2 ? dq_tile ^ 1 : 0;
     };
 
-    for (int j = blockIdx.x; j < T_c; j += gridDim.x) {
+    // Column blocks j = blockIdx.x, + gridDim.x, ... (only j = blockIdx.x unless deterministic),
+    // j < T_c. Without the causal mask T_c is recomputed from the argument at each test rather
+    // than held in a register (it was the one value spilled at d 192 and d 256; with the mask
+    // the recomputation moved a spill elsewhere: register allocation, not a rule).
+    for (int j = blockIdx.x; j < (CAUSAL ? T_c : (opaque(seqlen_k) + B_c - 1) / B_c);
+         j += gridDim.x) {
+        const bool first = j == blockIdx.x;  // this block's first column block
         const int col0 = j * B_c;  // first key of K_j
         const RowBlocks rb = row_blocks<B_r, B_c, CAUSAL>(j, seqlen_q, seqlen_k);
 
@@ -287,10 +303,10 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         if (rb.begin < rb.end) {
             // K_j, V_j and the first row block in one cp.async group.
             const long long b = opaque(batch), hk = opaque(head_k);
-            load_tile_async<B_c, HD, NTHREADS>(
+            load_tile_async<B_c, PITCH, NTHREADS>(
                 sK, K + b * k_stride_b + hk * k_stride_h + col0 * k_stride_s, k_stride_s,
                 seqlen_k - col0, chunks, opaque(tid));
-            load_tile_async<B_c, HD, NTHREADS>(
+            load_tile_async<B_c, PITCH, NTHREADS>(
                 sV, V + b * v_stride_b + hk * v_stride_h + col0 * v_stride_s, v_stride_s,
                 seqlen_k - col0, chunks, opaque(tid));
             load_row_block(rb.begin, 0);
@@ -301,19 +317,19 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         auto step = [&](int i, int buf, auto masked) {
             constexpr bool MASK = decltype(masked)::value;
             const int row0 = i * B_r;
-            const unsigned qoff = buf * B_r * HD * 2;  // byte offset of buffer `buf`
+            const unsigned qoff = buf * B_r * PITCH * 2;  // byte offset of buffer `buf`
 
             // This warp's (S_MW x S_NW) tile of S_ij, P_ij, dP_ij and dS_ij. MMA operands:
             // A = this warp's query rows of Q_i / dO_i, B = this warp's keys of K_j / V_j.
-            const auto rd_s_a = rows_first(Int<HD>{}, sbase + s_m * Tile::S_MW * HD * 2, 0);
-            const auto rd_s_b = chunks_first(Int<HD>{}, sbase + s_n * Tile::S_NW * HD * 2, 0);
+            const auto rd_s_a = rows_first(Int<PITCH>{}, sbase + s_m * Tile::S_MW * PITCH * 2, 0);
+            const auto rd_s_b = chunks_first(Int<PITCH>{}, sbase + s_n * Tile::S_NW * PITCH * 2, 0);
             // acc += A B^T over the head dim, for A at byte offset off_a and B at off_b.
             // k step kk + 4 g = head-dim chunks 2 kk + 8 g. fence: a warp barrier between k
             // steps (Tile::DP_FENCE).
             auto product = [&](float (&acc)[S_MT][S_NT][4], unsigned off_a, unsigned off_b,
                                bool fence) {
                 zero(acc);
-                warp_mma<T, HD / 16>(
+                warp_mma<T, HD / 16, Tile::GROUP_HD>(
                     acc,
                     [&](unsigned (&a)[4], int mt, int kk, int g) {
                         if (fence && kk > 0 && mt == 0) __syncwarp();
@@ -333,11 +349,11 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             };
 
             // S_ij = Q_i K_j^T, then P_ij = exp(scale S_ij - L_i) (0 where masked), stored to
-            // shared memory in the input dtype for dV. For dS it is kept in registers, packed
-            // (Tile::P_IN_REGS), or each lane reads its own values back (no barrier needed);
-            // either way dS uses the rounded P, as 16-bit autodiff would.
-            constexpr bool P_IN_REGS = Tile::P_IN_REGS;
-            [[maybe_unused]] unsigned pk[P_IN_REGS ? S_MT : 1][2][P_IN_REGS ? S_NT : 1];  // P_ij
+            // shared memory in the input dtype for dV, and kept in registers, packed, for dS
+            // (instead of being read back from shared memory: measured +4-9% at HD 64 and 128,
+            // +2-3% above; the extra reads had filled the shared-memory instruction queue, ncu
+            // "MIO throttle"). dS uses the rounded P, as 16-bit autodiff would.
+            unsigned pk[S_MT][2][S_NT];  // P_ij
             {
                 float acc[S_MT][S_NT][4];
                 product(acc, OFF_Q + qoff, OFF_K, false);
@@ -359,7 +375,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                             if (MASK && nt * 8 + e1 > limit) p[e1] = 0.f;
                         }
                         const unsigned packed = T::pack(p[0], p[1]);
-                        if constexpr (P_IN_REGS) pk[mt][e2][nt] = packed;
+                        pk[mt][e2][nt] = packed;
                         *reinterpret_cast<unsigned*>(sP + st_offset(mt, e2, nt)) = packed;
                     }
                 }
@@ -376,11 +392,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 #pragma unroll
                     for (int nt = 0; nt < S_NT; ++nt) {
                         float p[2];
-                        if constexpr (P_IN_REGS)
-                            T::unpack(pk[mt][e2][nt], p[0], p[1]);
-                        else
-                            T::unpack(*reinterpret_cast<const unsigned*>(
-                                          sP + st_offset(mt, e2, nt)), p[0], p[1]);
+                        T::unpack(pk[mt][e2][nt], p[0], p[1]);
                         const float ds0 = p[0] * (acc[mt][nt][e2 * 2] - D_r);
                         const float ds1 = p[1] * (acc[mt][nt][e2 * 2 + 1] - D_r);
                         *reinterpret_cast<unsigned*>(sdS + st_offset(mt, e2, nt)) =
@@ -401,7 +413,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             // other, so that only one product's fragments are live beside dK_j and dV_j.
             {
                 const auto rd_kv_a = chunks_first(Int<B_c>{}, sbase, kv_m * Tile::KV_MW / 8);
-                const auto rd_kv_b = rows_first(Int<HD>{}, sbase, kv_n * Tile::KV_NW / 8);
+                const auto rd_kv_b = rows_first(Int<PITCH>{}, sbase, kv_n * Tile::KV_NW / 8);
                 // acc += A^T B, for A at byte offset off_a and B at off_b; k step kk + 4 g =
                 // query rows 16 kk + 64 g.
                 auto product_t = [&](float (&acc)[KV_MT][KV_NT][4], unsigned off_a,
@@ -414,7 +426,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                         },
                         [&](unsigned (&b)[4], int nd2, int kk, int g) {
                             ldmatrix_x4_trans(b, rd_kv_b.at(kk * 16, nd2 * 2) + off_b +
-                                                     g * 64 * HD * 2);
+                                                     g * 64 * PITCH * 2);
                         });
                 };
                 product_t(dv, OFF_P, OFF_DO + qoff);
@@ -426,7 +438,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             // stored to a dQ tile for one bulk reduction of the whole tile.
             // A: this warp's query rows of dS; B (.trans): this warp's head-dim part of K_j.
             const auto rd_q_a = rows_first(Int<B_c>{}, sbase + q_m * Tile::Q_MW * B_c * 2, 0);
-            const auto rd_q_b = rows_first(Int<HD>{}, sbase, q_n * Tile::Q_NW / 8);
+            const auto rd_q_b = rows_first(Int<PITCH>{}, sbase, q_n * Tile::Q_NW / 8);
             // atomics: this warp's first dQ column, in slice `split` of dQ_accum
             const long long split = deterministic ? opaque(blockIdx.x) : 0;
             float* dst0 = dQ_accum + q_n * Tile::Q_NW +
@@ -442,7 +454,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                     },
                     [&](unsigned (&b)[4], int nd2, int kk, int g) {
                         ldmatrix_x4_trans(b, rd_q_b.at(kk * 16, pass * DQ_PASS + nd2 * 2) +
-                                                 OFF_K + g * 64 * HD * 2);
+                                                 OFF_K + g * 64 * PITCH * 2);
                     });
                 if constexpr (DQ_BULK > 0) {
                     const unsigned dst = sbase + OFF_DQ + dq_tile * Tile::TILE_DQ +
@@ -505,7 +517,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             // step i - 1: its row-block buffer, P and dS may be overwritten, its dQ tile sent.
             __syncthreads();
             if (DQ_BULK && i > rb.begin) {  // step i - 1's dQ tile is complete
-                flush_dq(i - 1);
+                flush_dq(i - 1, deterministic && first);
             }
             if (QSTAGES == 2 && i + 1 < rb.end) {  // the next row block loads during this step
                 load_row_block(i + 1, buf ^ 1);
@@ -525,7 +537,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 
         if (DQ_BULK && rb.begin < rb.end) {
             __syncthreads();  // the last row block's dQ tile is complete
-            flush_dq(rb.end - 1);
+            flush_dq(rb.end - 1, deterministic && first);
             if (deterministic && tid == 0) bulk_wait();
         }
 
@@ -602,12 +614,15 @@ fa2_backward_dq(const float* __restrict__ dQ_accum, elem_t* __restrict__ dQ, int
 // The same, for dQ_accum in fragment order (fa2_backward with DQ_BULK; the tile parameters
 // must match). One thread per 4 floats of a fragment (rows g and g + 8, two columns), read
 // from each slice in turn; grid (ceil(T_r * B_r * HD / 4 / 128), heads, batch).
+// Deterministic mode (`deterministic` = 1; slices not zeroed): slice x holds row block i iff
+// its first column block, j = x, reaches it (row_blocks; later ones reach no further up).
 template <typename T, int HD, int B_r, int B_c, int NWARPS, int WM_SDP, int WM_DKV, int WM_DQ,
           int QSTAGES>
 __global__ void __launch_bounds__(128)
 fa2_backward_dq_bulk(const float* __restrict__ dQ_accum, elem_t* __restrict__ dQ, int splits,
-                     int seqlen_q, int d, long long dq_stride_b, long long dq_stride_s,
-                     long long dq_stride_h, float softmax_scale) {
+                     int deterministic, int causal, int seqlen_q, int seqlen_k, int d,
+                     long long dq_stride_b, long long dq_stride_s, long long dq_stride_h,
+                     float softmax_scale) {
     using Tile = BackwardTile<HD, B_r, B_c, NWARPS, WM_SDP, WM_DKV, WM_DQ, QSTAGES, 1>;
     constexpr int FRAGS = B_r * HD / 4;  // per row block
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y, nbatch = gridDim.z;
@@ -631,6 +646,8 @@ fa2_backward_dq_bulk(const float* __restrict__ dQ_accum, elem_t* __restrict__ dQ
     const float* src = dQ_accum + ((long long)batch * nheads + head) * T_r * FRAGS * 4 + f * 4;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int sp = 0; sp < splits; ++sp) {  // fixed order: deterministic
+        if (deterministic && causal && i < row_blocks<B_r, B_c, true>(sp, seqlen_q, seqlen_k).begin)
+            continue;  // (non-causal: every slice holds every row block)
         const Float4 v = *reinterpret_cast<const Float4*>(src + sp * slice);
         acc[0] += v.x; acc[1] += v.y; acc[2] += v.z; acc[3] += v.w;
     }

@@ -190,8 +190,9 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         const SwizzledReader<HD> readQ = rows_first(sQ + warp * RPW * HD);
         const SwizzledReader<HD> readK = chunks_first(sK + stage);
         // Grouped k loop only at 32 rows per warp, where O~_i and S_ij leave no registers for
-        // hoisted fragments (measured: grouping costs 13% at 16 rows per warp, d = 128).
-        warp_mma<T, Tile::KS_QK, (MT > 1)>(  // k step kk + 4 g = head-dim chunks 2 kk + 8 g
+        // hoisted fragments (measured: grouping costs 13% at 16 rows per warp, d = 128), and
+        // only over whole groups of 4 k steps (d = 96 measured with all 6 unrolled).
+        warp_mma<T, Tile::KS_QK, (MT > 1 && Tile::KS_QK % 4 == 0)>(  // k step kk + 4 g = head-dim chunks 2 kk + 8 g
             s,
             [&](unsigned (&a)[4], int mt, int kk, int g) {
                 ldmatrix_x4(a, readQ.at(mt * 16, kk * 2) + g * 128);

@@ -104,14 +104,27 @@ def test_backward_rejects_numpy_and_bad_lse():
 
 
 def test_backward_buckets():
-    assert [_plan.backward_head_dim_bucket(d) for d in (8, 64, 72, 96, 128, 136, 256)] == \
-        [32, 64, 128, 128, 128, 192, 256]
+    assert [_plan.backward_head_dim_bucket(d) for d in (8, 64, 72, 96, 128, 136, 232, 256)] == \
+        [32, 64, 96, 96, 128, 160, 256, 256]
     for HD in _plan.BACKWARD_HEAD_DIM_BUCKETS:
         assert _plan.backward_config(HD, 163 * 1024).smem_bytes <= 163 * 1024   # A100
-    for HD in (32, 64, 128):
-        assert _plan.backward_config(HD, 99 * 1024).smem_bytes <= 99 * 1024      # sm_86/89
+    for HD in (32, 64, 96, 128):
+        for bulk in (False, True):  # sm_86/89, and sm_120 (bulk copies, 99 KB)
+            assert _plan.backward_config(HD, 99 * 1024, bulk).smem_bytes <= 99 * 1024
     with pytest.raises(RuntimeError, match="shared memory"):
         _plan.backward_config(256, 99 * 1024)
+
+
+def test_backward_tile_pitch():
+    """Head dims that are not whole 64-element swizzle groups get a 64-multiple row pitch in
+    shared memory when the layout splits them across warps, and count it in smem_bytes."""
+    split96 = _plan.BackwardConfig(96, 64, 128, 8, 4, 4, 4, 1)
+    assert split96.pitch == 128
+    assert split96.smem_bytes == 2 * 128 * 128 * 2 + 2 * 64 * 128 * 2 + 2 * 64 * 4 + 2 * 64 * 128 * 2
+    assert _plan.BackwardConfig(224, 64, 64, 8, 4, 4, 4, 2).pitch == 256
+    assert _plan.BackwardConfig(160, 64, 64, 8, 4, 4, 4, 2).pitch == 192
+    assert _plan.BackwardConfig(32, 128, 128, 8, 4, 8, 8, 2).pitch == 32    # not split
+    assert _plan.BackwardConfig(128, 64, 128, 8, 2, 4, 2, 2).pitch == 128
 
 
 def test_each_architecture_class_builds_the_shapes_planned_for_it():
@@ -128,7 +141,9 @@ def test_each_architecture_class_builds_the_shapes_planned_for_it():
                     if HD > 128 and smem < 144 * 1024:
                         continue  # no backward above d 128 on 99 KB GPUs (a clear error)
                     cfg = _plan.backward_config(HD, smem, bulk)
-                    assert cfg.smem_bytes <= smem and bool(cfg.dq_bulk) == (bulk and HD <= 128)
+                    assert cfg.smem_bytes <= smem
+                    # bulk dQ where a spill-free variant exists (160, 224, 256: atomics)
+                    assert bool(cfg.dq_bulk) == (bulk and HD in (32, 64, 96, 128, 160, 192))
                     assert _plan.backward_kernel_name(dt, cfg, True) in names
                     assert _plan.backward_dq_name(dt, cfg) in names
                 for HD in _plan.HEAD_DIM_BUCKETS:
