@@ -127,17 +127,19 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                        long long stride_s, int col0) {
         const long long b = MT > 1 ? opaque(batch) : batch;
         const long long hk = MT > 1 ? opaque(head_k) : head_k;
-        load_tile_async<B_c, HD, NTHREADS>(dst, base + b * stride_b + hk * stride_h +
-                                                    col0 * stride_s,
-                                           stride_s, seqlen_k - col0, chunks,
-                                           MT > 1 ? opaque(tid) : tid);
+        // (32 rows per warp: the flat-index loader, which holds fewer registers; at d = 96
+        // the segmented one spilled)
+        load_tile_async<B_c, HD, NTHREADS, MT == 1>(
+            dst, base + b * stride_b + hk * stride_h + col0 * stride_s, stride_s,
+            seqlen_k - col0, chunks, MT > 1 ? opaque(tid) : tid);
     };
 
     const ColumnBlocks cb = column_blocks<B_r, B_c, CAUSAL>(row_block, seqlen_q, seqlen_k);
 
     // Q_i: HBM -> shared, with K_{begin} in the same cp.async group.
     // With two K/V stages, V_{begin} joins them: step j only waits for what step j - 1 issued.
-    load_tile_async<B_r, HD, NTHREADS>(sQ, q, q_stride_s, seqlen_q - row0, chunks, tid);
+    load_tile_async<B_r, HD, NTHREADS, MT == 1>(sQ, q, q_stride_s, seqlen_q - row0, chunks,
+                                                tid);
     // Column block j uses K/V buffer j % KV_STAGES.
     if (cb.begin < cb.end) {
         const int first = KV_STAGES == 2 ? (cb.begin & 1) * B_c * HD : 0;
@@ -192,7 +194,8 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         // Grouped k loop only at 32 rows per warp, where O~_i and S_ij leave no registers for
         // hoisted fragments (measured: grouping costs 13% at 16 rows per warp, d = 128), and
         // only over whole groups of 4 k steps (d = 96 measured with all 6 unrolled).
-        warp_mma<T, Tile::KS_QK, (MT > 1 && Tile::KS_QK % 4 == 0)>(  // k step kk + 4 g = head-dim chunks 2 kk + 8 g
+        // k step kk + 4 g = head-dim chunks 2 kk + 8 g
+        warp_mma<T, Tile::KS_QK, (MT > 1 && Tile::KS_QK % 4 == 0)>(
             s,
             [&](unsigned (&a)[4], int mt, int kk, int g) {
                 ldmatrix_x4(a, readQ.at(mt * 16, kk * 2) + g * 128);

@@ -120,7 +120,8 @@ def test_backward_tile_pitch():
     shared memory when the layout splits them across warps, and count it in smem_bytes."""
     split96 = _plan.BackwardConfig(96, 64, 128, 8, 4, 4, 4, 1)
     assert split96.pitch == 128
-    assert split96.smem_bytes == 2 * 128 * 128 * 2 + 2 * 64 * 128 * 2 + 2 * 64 * 4 + 2 * 64 * 128 * 2
+    kv, rows, p = 2 * 128 * 128 * 2, 2 * 64 * 128 * 2 + 2 * 64 * 4, 2 * 64 * 128 * 2
+    assert split96.smem_bytes == kv + rows + p
     assert _plan.BackwardConfig(224, 64, 64, 8, 4, 4, 4, 2).pitch == 256
     assert _plan.BackwardConfig(160, 64, 64, 8, 4, 4, 4, 2).pitch == 192
     assert _plan.BackwardConfig(32, 128, 128, 8, 4, 8, 8, 2).pitch == 32    # not split
