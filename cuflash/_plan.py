@@ -220,10 +220,12 @@ _BACKWARD_CONFIGS = {
 # With the bulk dQ reduction (sm_90+), tried first: (kernel head-dim bucket, B_r, B_c, nwarps,
 # wm_sdp, wm_dkv, wm_dq, qstages, dQ tiles). Up to HD = 128 every shape above is also tried
 # with two, then one dQ tile; above, those variants spill registers (8-48 bytes), so only the
-# spill-free ones listed here are used, then the atomics. d 160 runs the 192 kernel (measured
-# 0.92/0.97x FA2, bf16 n 4096 non-causal/causal; its own atomics kernel: 0.90/0.92x);
-# PERFORMANCE.md has the rest.
+# spill-free ones listed here are used, then the atomics. d 64: one dQ tile, not two (+2-3% at
+# seqlen 4k-16k, bf16 and fp16; at d 128 the two measured the same). d 160 runs the 192
+# kernel (0.92/0.97x FA2, bf16 n 4096 non-causal/causal; its own atomics kernel: 0.90/0.92x).
+# PERFORMANCE.md has the measurements.
 _BACKWARD_CONFIGS_BULK = {
+    64: [(64, 128, 128, 8, 2, 4, 4, 2, 1)],
     160: [(192, 64, 64, 8, 4, 2, 2, 1, 1)],
     192: [(192, 64, 64, 8, 4, 2, 2, 1, 1)],
 }
