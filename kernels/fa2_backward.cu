@@ -44,7 +44,8 @@
 // blocks add into slice 0 (zeroed), in whatever order the additions land.
 //
 // Variants: T (fp16 | bf16), HD (head-dim bucket), B_r, B_c, NWARPS, the three warp layouts
-// (WM_SDP, WM_DKV, WM_DQ), QSTAGES (1 or 2 shared-memory buffers for Q_i, dO_i, L_i, D_i),
+// (WM_SDP, WM_DKV, WM_DQ), QSTAGES (1 or 2 shared-memory buffers for Q_i, dO_i, L_i, D_i; with
+// 2, row block i + 1 loads during step i: Q, L, D from its start, dO after dV_j += P_ij^T dO_i),
 // DQ_BULK, CAUSAL. cuflash/_plan.py picks them per head dim and GPU.
 #include "common.cuh"
 #include "block_range.cuh"
@@ -237,20 +238,25 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                                                      lane_chunk_chunks_first(l), chunk_offset);
     };
 
-    // Q_i, dO_i, L_i, D_i: HBM -> shared buffer `buf` (cp.async; caller commits). At HD > 128
-    // the pointers are rebuilt from the kernel arguments on every call (opaque copies of the
-    // indices): integer ops per row block instead of ~10 registers held across the loop.
-    auto load_row_block = [&](int i, int buf) {
+    // Row block i: HBM -> shared buffer `buf` (cp.async; caller commits), the parts in `parts`:
+    // ROW_QLD = Q_i, L_i, D_i; ROW_DO = dO_i. At HD > 128 the pointers are rebuilt from the
+    // kernel arguments on every call (opaque copies of the indices): integer ops per row block
+    // instead of ~10 registers held across the loop.
+    constexpr int ROW_QLD = 1, ROW_DO = 2, ROW_ALL = ROW_QLD | ROW_DO;
+    auto load_row_block = [&](int i, int buf, int parts) {
         const int row0 = i * B_r, t = REBUILD ? opaque(tid) : tid;
         const long long b = REBUILD ? opaque(batch) : batch;
         const long long h = REBUILD ? opaque(head) : head;
-        load_tile_async<B_r, PITCH, NTHREADS>(
-            sQ + buf * B_r * PITCH, Q + b * q_stride_b + h * q_stride_h + row0 * q_stride_s,
-            q_stride_s, seqlen_q - row0, chunks, t);
-        load_tile_async<B_r, PITCH, NTHREADS>(
-            sdO + buf * B_r * PITCH, dO + b * do_stride_b + h * do_stride_h + row0 * do_stride_s,
-            do_stride_s, seqlen_q - row0, chunks, t);
-        if (t < B_r) {
+        if (parts & ROW_QLD)
+            load_tile_async<B_r, PITCH, NTHREADS>(
+                sQ + buf * B_r * PITCH, Q + b * q_stride_b + h * q_stride_h + row0 * q_stride_s,
+                q_stride_s, seqlen_q - row0, chunks, t);
+        if (parts & ROW_DO)
+            load_tile_async<B_r, PITCH, NTHREADS>(
+                sdO + buf * B_r * PITCH,
+                dO + b * do_stride_b + h * do_stride_h + row0 * do_stride_s, do_stride_s,
+                seqlen_q - row0, chunks, t);
+        if ((parts & ROW_QLD) && t < B_r) {
             const bool valid = row0 + t < seqlen_q;
             const long long at = (b * nheads + h) * seqlen_q + (valid ? row0 + t : 0);
             cp_async_4(smem_u32(sL + buf * B_r + t), L + at, valid);
@@ -309,7 +315,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             load_tile_async<B_c, PITCH, NTHREADS>(
                 sV, V + b * v_stride_b + hk * v_stride_h + col0 * v_stride_s, v_stride_s,
                 seqlen_k - col0, chunks, opaque(tid));
-            load_row_block(rb.begin, 0);
+            load_row_block(rb.begin, 0, ROW_ALL);
             cp_async_commit();
         }
 
@@ -430,6 +436,13 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                         });
                 };
                 product_t(dv, OFF_P, OFF_DO + qoff);
+                // QSTAGES = 2: dO_{i+1} into the other buffer (read last in step i - 1), issued
+                // here rather than with Q_{i+1} at the top of the step: the copies are spread
+                // over the step (measured +4-7% at d 64-128, +10% at d 96; PERFORMANCE.md).
+                if (QSTAGES == 2 && i + 1 < rb.end) {
+                    load_row_block(i + 1, buf ^ 1, ROW_DO);
+                    cp_async_commit();
+                }
                 product_t(dk, OFF_DS, OFF_Q + qoff);
             }
 
@@ -519,8 +532,8 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             if (DQ_BULK && i > rb.begin) {  // step i - 1's dQ tile is complete
                 flush_dq(i - 1, deterministic && first);
             }
-            if (QSTAGES == 2 && i + 1 < rb.end) {  // the next row block loads during this step
-                load_row_block(i + 1, buf ^ 1);
+            if (QSTAGES == 2 && i + 1 < rb.end) {  // Q_{i+1}, L, D load during this step
+                load_row_block(i + 1, buf ^ 1, ROW_QLD);
                 cp_async_commit();
             }
             if (block_needs_mask<B_r, B_c, CAUSAL>(i, j, seqlen_q, seqlen_k) ||
@@ -530,7 +543,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                 step(i, buf, Bool<false>{});
             if (QSTAGES == 1 && i + 1 < rb.end) {
                 __syncthreads();  // every warp is done with the single row-block buffer
-                load_row_block(i + 1, 0);
+                load_row_block(i + 1, 0, ROW_ALL);
                 cp_async_commit();
             }
         }
