@@ -223,11 +223,14 @@ _BACKWARD_CONFIGS = {
 # spill-free ones listed here are used, then the atomics. d 64: one dQ tile, not two (+2-3% at
 # seqlen 4k-16k, bf16 and fp16; at d 128 the two measured the same). d 160 runs the 192
 # kernel (0.92/0.97x FA2, bf16 n 4096 non-causal/causal; its own atomics kernel: 0.90/0.92x).
-# PERFORMANCE.md has the measurements.
+# d 256: one row-block buffer, loaded during the dQ product, is what lets the bulk path fit
+# without spilling (0.86/0.88x FA2 with the atomics -> 1.04/1.10x). PERFORMANCE.md has the
+# measurements.
 _BACKWARD_CONFIGS_BULK = {
     64: [(64, 128, 128, 8, 2, 4, 4, 2, 1)],
     160: [(192, 64, 64, 8, 4, 2, 2, 1, 1)],
     192: [(192, 64, 64, 8, 4, 2, 2, 1, 1)],
+    256: [(256, 64, 64, 8, 4, 2, 2, 1, 1)],
 }
 
 
