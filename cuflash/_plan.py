@@ -64,15 +64,30 @@ _FORWARD_CONFIGS = {
 }
 
 
-def forward_configs(HD: int, causal: bool) -> list[ForwardConfig]:
-    return [ForwardConfig(HD, *shape) for shape in _FORWARD_CONFIGS[HD][int(bool(causal))]]
+# Shapes tried first on GPUs of the sm_90 class (227 KB of shared memory per block; the
+# compile check builds them as sm_90). d 128 non-causal, 128x64x4 with two K/V stages (32 rows
+# per warp, as FlashAttention-2's d 128 forward): spill-free as sm_90 (the kernel's LEAN
+# state), but ptxas spills 16-24 bytes of it as sm_80, where 64x128x4 stays. Causal: 64x128x4
+# measured faster on the H200.
+SM90_SMEM = 227 * 1024
+_FORWARD_CONFIGS_SM90 = {
+    128: ([(128, 64, 4, 2)], []),
+}
+
+
+def forward_configs(HD: int, causal: bool,
+                    max_smem_bytes: int = SM90_SMEM) -> list[ForwardConfig]:
+    shapes = _FORWARD_CONFIGS[HD][int(bool(causal))]
+    if max_smem_bytes >= SM90_SMEM:
+        shapes = _FORWARD_CONFIGS_SM90.get(HD, ([], []))[int(bool(causal))] + shapes
+    return [ForwardConfig(HD, *shape) for shape in shapes]
 
 
 def forward_config(HD: int, causal: bool,
-                   max_smem_bytes: int = 227 * 1024) -> ForwardConfig:
+                   max_smem_bytes: int = SM90_SMEM) -> ForwardConfig:
     """The tile shape used for head-dim bucket HD on a device allowing `max_smem_bytes` of
     dynamic shared memory per block."""
-    for cfg in forward_configs(HD, causal):
+    for cfg in forward_configs(HD, causal, max_smem_bytes):
         if cfg.smem_bytes <= max_smem_bytes:
             return cfg
     raise RuntimeError(f"no forward tile for head dim bucket {HD} fits in {max_smem_bytes} "
@@ -224,12 +239,14 @@ _BACKWARD_CONFIGS = {
 # seqlen 4k-16k, bf16 and fp16; at d 128 the two measured the same). d 160 runs the 192
 # kernel (0.92/0.97x FA2, bf16 n 4096 non-causal/causal; its own atomics kernel: 0.90/0.92x).
 # d 256: one row-block buffer, loaded during the dQ product, is what lets the bulk path fit
-# without spilling (0.86/0.88x FA2 with the atomics -> 1.04/1.10x). PERFORMANCE.md has the
-# measurements.
+# without spilling (0.86/0.88x FA2 with the atomics -> 1.04/1.10x); d 224 runs that kernel
+# (1.17/1.18x; its own 4/4/4 bulk kernel 1.16/1.16x, the atomics 1.02/1.05x). PERFORMANCE.md
+# has the measurements.
 _BACKWARD_CONFIGS_BULK = {
     64: [(64, 128, 128, 8, 2, 4, 4, 2, 1)],
     160: [(192, 64, 64, 8, 4, 2, 2, 1, 1)],
     192: [(192, 64, 64, 8, 4, 2, 2, 1, 1)],
+    224: [(256, 64, 64, 8, 4, 2, 2, 1, 1)],
     256: [(256, 64, 64, 8, 4, 2, 2, 1, 1)],
 }
 
