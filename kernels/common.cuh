@@ -440,6 +440,13 @@ __device__ __forceinline__ void st_shared_v4(unsigned addr, float a, float b, fl
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};"
                  :: "r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
+// A 32-bit load from shared memory that the compiler keeps where it is written (it is never
+// hoisted into a register held across a loop).
+__device__ __forceinline__ int ld_shared_s32(unsigned addr) {
+    int v;
+    asm volatile("ld.shared.s32 %0, [%1];" : "=r"(v) : "r"(addr));
+    return v;
+}
 // Make this thread's shared-memory writes visible to the copy engine (the async proxy).
 __device__ __forceinline__ void fence_proxy_async_shared() {
 #if __CUDA_ARCH__ >= 900

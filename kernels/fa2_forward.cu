@@ -48,6 +48,11 @@ struct ForwardTile {
     static constexpr int NT_O = HD / 8;             // n8 tiles across O~_i
     static constexpr int KS_QK = HD / 16;           // k16 steps of Q_i K_j^T
     static constexpr int KS_PV = B_c / 16;         // k16 steps of P~_ij V_j
+    // Where the O~_i and S_ij accumulators take 192 of the 255 registers or more (d = 128 at
+    // 32 rows per warp), the row sums and the loop bounds leave the registers (see l_own and
+    // s_bounds in the kernel). Only there: elsewhere the extra shuffles and shared-memory loads
+    // cost 5-10% (measured at d 32-96).
+    static constexpr bool LEAN = MT * (NT_O + NT_S) * 4 >= 192;
     // Shared memory, in elements: Q_i (B_r x HD), KV_STAGES x (K_j, V_j) (B_c x HD each).
     static constexpr int SMEM_ELEMS = (B_r + 2 * KV_STAGES * B_c) * HD;
     // Thread blocks per SM the register file is planned for: O~_i and S_ij accumulators plus
@@ -89,6 +94,7 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     using Tile = ForwardTile<HD, B_r, B_c, NWARPS, KV_STAGES>;
     constexpr int NTHREADS = Tile::NTHREADS, RPW = Tile::ROWS_PER_WARP, MT = Tile::MT;
     constexpr int NT_S = Tile::NT_S, NT_O = Tile::NT_O;
+    constexpr bool LEAN = Tile::LEAN;
 
     // One dynamic shared buffer carved into the three tiles.
     extern __shared__ __attribute__((aligned(128))) elem_t smem[];
@@ -135,6 +141,19 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     };
 
     const ColumnBlocks cb = column_blocks<B_r, B_c, CAUSAL>(row_block, seqlen_q, seqlen_k);
+    // LEAN tiles read the loop bounds from shared memory at each test instead of holding them
+    // in two registers through the loop (with O~_i and S_ij live, they were among the values
+    // spilled at d = 128).
+    __shared__ int s_bounds[2];  // cb.masked_begin, cb.end
+    if (LEAN && tid == 0) {
+        s_bounds[0] = cb.masked_begin;
+        s_bounds[1] = cb.end;
+    }
+    if (LEAN) __syncthreads();
+    auto masked_begin = [&] {
+        return LEAN ? ld_shared_s32(smem_u32(s_bounds)) : cb.masked_begin;
+    };
+    auto end = [&] { return LEAN ? ld_shared_s32(smem_u32(s_bounds + 1)) : cb.end; };
 
     // Q_i: HBM -> shared, with K_{begin} in the same cp.async group.
     // With two K/V stages, V_{begin} joins them: step j only waits for what step j - 1 issued.
@@ -153,7 +172,11 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     // g = lane / 4 and g + 8 (index [e / 2]) and columns 2 * (lane % 4) + (e % 2) of a 16x8 tile.
     float o[MT][NT_O][4];  // O~_i, unscaled
     float m[MT][2];        // m_i, running row max of S_ij (unscaled by softmax_scale)
-    float l[MT][2];        // l_i, this lane's part of the running row sum (quad-reduced at end)
+    // l_i, the running row sum: each lane sums its own columns of its rows (quad-reduced at the
+    // end). LEAN tiles: the row sums of each step are quad-reduced at once and lane t of a quad
+    // keeps l_i of one of its rows alone (one register, not four).
+    float l[MT][2];
+    float l_own = 0.f;  // lane t of a quad: (mt, e2) = (t / 2, t % 2)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -174,7 +197,7 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         __syncthreads();  // K_j (and V_j) in shared memory; every warp is done with step j - 1
         if (KV_STAGES == 2) {
             // K_{j+1}, V_{j+1}: HBM -> the other buffers, overlapping this whole step.
-            if (j + 1 < cb.end) {
+            if (j + 1 < end()) {
                 const int next = B_c * HD - stage;
                 load_kv(sK + next, K, k_stride_b, k_stride_h, k_stride_s, col0 + B_c);
                 load_kv(sV + next, V, v_stride_b, v_stride_h, v_stride_s, col0 + B_c);
@@ -239,7 +262,8 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                 const float m_scaled = m_new == CUFLASH_NEG_INF ? 0.f : m_new * scale_log2;
                 const float alpha = exp2_approx(m[mt][e2] * scale_log2 - m_scaled);
                 m[mt][e2] = m_new;
-                l[mt][e2] *= alpha;
+                if (!LEAN) l[mt][e2] *= alpha;
+                float rowsum = 0.f;  // (LEAN) this lane's part of rowsum(P~_ij)
 #pragma unroll
                 for (int nt = 0; nt < NT_O; ++nt) {
                     o[mt][nt][e2 * 2] *= alpha;
@@ -251,15 +275,22 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                     for (int e1 = 0; e1 < 2; ++e1) {
                         float& x = s[mt][nt][e2 * 2 + e1];
                         x = exp2_approx(fmaf(x, scale_log2, -m_scaled));
-                        l[mt][e2] += x;
+                        if (!LEAN)
+                            l[mt][e2] += x;
+                        else
+                            rowsum += x;
                     }
+                if (LEAN) {
+                    const float sum = quad_sum(rowsum);  // rowsum(P~_ij), in every lane
+                    if ((lane & 3) == mt * 2 + e2) l_own = fmaf(l_own, alpha, sum);
+                }
             }
 
         if (KV_STAGES == 1) {
             cp_async_wait<0>();
             __syncthreads();  // V_j is in shared memory; every warp is done reading K_j
             // K_{j+1}: HBM -> shared, overlapping O~_i += P~_ij V_j below.
-            if (j + 1 < cb.end) load_kv(sK, K, k_stride_b, k_stride_h, k_stride_s, col0 + B_c);
+            if (j + 1 < end()) load_kv(sK, K, k_stride_b, k_stride_h, k_stride_s, col0 + B_c);
             cp_async_commit();
         }
 
@@ -284,8 +315,8 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             });
     };
     int j = cb.begin;
-    for (; j < cb.masked_begin; ++j) step(j, Bool<false>{});  // blocks every row sees whole
-    for (; j < cb.end; ++j) step(j, Bool<true>{});            // diagonal / ragged-end blocks
+    for (; j < masked_begin(); ++j) step(j, Bool<false>{});  // blocks every row sees whole
+    for (; j < end(); ++j) step(j, Bool<true>{});            // diagonal / ragged-end blocks
 
     // ---- epilogue: O_i = diag(l_i)^-1 O~_i, L_i = m_i + log(l_i) ---------------------------
     cp_async_wait<0>();  // (nothing is in flight unless no block was visited; then Q_i is)
@@ -293,7 +324,8 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
-            const float l_row = quad_sum(l[mt][e2]);
+            const float l_row = !LEAN ? quad_sum(l[mt][e2])
+                                        : __shfl_sync(0xffffffffu, l_own, (lane & ~3) | (mt * 2 + e2));
             const float inv_l = l_row > 0.f ? 1.f / l_row : 0.f;  // fully masked row: O = 0
 #pragma unroll
             for (int nt = 0; nt < NT_O; ++nt) {
