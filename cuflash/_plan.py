@@ -83,12 +83,32 @@ def forward_configs(HD: int, causal: bool,
     return [ForwardConfig(HD, *shape) for shape in shapes]
 
 
-def forward_config(HD: int, causal: bool,
-                   max_smem_bytes: int = SM90_SMEM) -> ForwardConfig:
+# Short key sequences: (seqlen_k limit non-causal, causal) up to which head-dim bucket HD takes
+# its shape with two K/V stages (a row block then visits few column blocks, and prefetching the
+# next pair hides more of each block's start). d 64, bf16 and fp16 on the H200: non-causal
+# +1-5% at seqlen 512, mixed at 1024 and 2-6% slower from 2048; causal +4-7% at 512-1024,
+# +2% at 2048, equal at 4096 (PERFORMANCE.md).
+_FORWARD_SHORT_KV2 = {
+    64: (512, 2048),
+}
+
+
+def forward_short(HD: int, causal: bool, seqlen_k: int | None) -> bool:
+    """Whether a key sequence of `seqlen_k` takes bucket HD's short-sequence shape."""
+    limits = _FORWARD_SHORT_KV2.get(HD)
+    return bool(limits) and seqlen_k is not None and seqlen_k <= limits[int(bool(causal))]
+
+
+def forward_config(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM,
+                   seqlen_k: int | None = None) -> ForwardConfig:
     """The tile shape used for head-dim bucket HD on a device allowing `max_smem_bytes` of
-    dynamic shared memory per block."""
+    dynamic shared memory per block (for keys of length `seqlen_k`, where given)."""
     for cfg in forward_configs(HD, causal, max_smem_bytes):
         if cfg.smem_bytes <= max_smem_bytes:
+            if forward_short(HD, causal, seqlen_k) and cfg.kv_stages == 1:
+                short = ForwardConfig(HD, cfg.B_r, cfg.B_c, cfg.nwarps, 2)
+                if short.smem_bytes <= max_smem_bytes:
+                    return short
             return cfg
     raise RuntimeError(f"no forward tile for head dim bucket {HD} fits in {max_smem_bytes} "
                        "bytes of shared memory")
@@ -333,8 +353,9 @@ def all_specialisations(arch: str | None = None) -> list[tuple[str, str]]:
         for HD in HEAD_DIM_BUCKETS:
             for causal in (False, True):
                 for smem in smems:
-                    cfg = forward_config(HD, causal, smem)
-                    specs.append((FORWARD_FILE, forward_kernel_name(dtype_name, cfg, causal)))
+                    for seqlen_k in (None, 1):  # (1: the short-sequence shape, if any)
+                        cfg = forward_config(HD, causal, smem, seqlen_k)
+                        specs.append((FORWARD_FILE, forward_kernel_name(dtype_name, cfg, causal)))
         specs.append((BACKWARD_FILE, backward_preprocess_name(dtype_name)))
         for HD in BACKWARD_HEAD_DIM_BUCKETS:
             for smem in smems:

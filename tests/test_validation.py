@@ -128,6 +128,29 @@ def test_backward_tile_pitch():
     assert _plan.BackwardConfig(128, 64, 128, 8, 2, 4, 2, 2).pitch == 128
 
 
+def test_forward_shapes_by_key_length_and_gpu_class():
+    """d 64 takes two K/V stages for short key sequences (non-causal <= 512, causal <= 2048);
+    d 128 non-causal takes 32 rows per warp on the 227 KB (sm_90) class only; every shape the
+    planner can pick is in the compile check's list for its class."""
+    for n, causal, stages in [(512, False, 2), (513, False, 1), (2048, True, 2), (2049, True, 1),
+                              (None, False, 1), (None, True, 1)]:
+        assert _plan.forward_config(64, causal, seqlen_k=n).kv_stages == stages
+    assert not _plan.forward_short(128, False, 16)
+    sm90 = _plan.forward_config(128, False, 227 * 1024)
+    assert (sm90.B_r, sm90.B_c, sm90.nwarps, sm90.kv_stages) == (128, 64, 4, 2)
+    for smem in (99 * 1024, 163 * 1024):
+        assert _plan.forward_config(128, False, smem).B_r == 64
+    assert _plan.forward_config(128, True, 227 * 1024).B_r == 64
+    for arch, smems in _plan.ARCH_SMEM.items():
+        names = {n for _, n in _plan.all_specialisations(arch)}
+        for smem in smems:
+            for HD in _plan.HEAD_DIM_BUCKETS:
+                for causal in (False, True):
+                    for n in (1, 512, 4096, None):
+                        cfg = _plan.forward_config(HD, causal, smem, n)
+                        assert _plan.forward_kernel_name("bfloat16", cfg, causal) in names
+
+
 def test_each_architecture_class_builds_the_shapes_planned_for_it():
     """The compile check builds, per architecture class, exactly the shapes the planner picks
     for that class's shared memory, and every one of them fits it."""
