@@ -36,7 +36,8 @@
 //                undoes the order.
 //
 // Deterministic mode (`deterministic` = 1): gridDim.x is a fixed number of splits; thread block
-// x handles column blocks x, x + gridDim.x, ... and owns slice x of dQ_accum. Each element of a
+// x handles one column block of each round of gridDim.x (x, x + gridDim.x, ...; causal: the
+// x-th from the end of odd rounds) and owns slice x of dQ_accum. Each element of a
 // slice is then updated by one thread only, in program order (DQ_BULK: by one bulk operation
 // per column block, each column block's completing before the next one's start; the first
 // column block stores, the others add), so the sums come out the same on every run;
@@ -288,12 +289,21 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         dq_tile = DQ_BULK == 2 ? dq_tile ^ 1 : 0;
     };
 
-    // Column blocks j = blockIdx.x, + gridDim.x, ... (only j = blockIdx.x unless deterministic),
-    // j < T_c. Without the causal mask T_c is recomputed from the argument at each test rather
-    // than held in a register (it was the one value spilled at d 192 and d 256; with the mask
-    // the recomputation moved a spill elsewhere: register allocation, not a rule).
+    // Column blocks j < T_c: j = blockIdx.x alone unless deterministic. Deterministic (gridDim.x
+    // = splits): rounds of gridDim.x column blocks, block x taking the x-th of each round; with
+    // the causal mask, the x-th from the end of each odd round instead (column blocks get
+    // cheaper to the right, so this evens out the splits' work). Without the mask T_c is
+    // recomputed from the argument at each test rather than held in a register (it was the one
+    // value spilled at d 192 and d 256; with the mask the recomputation moved a spill
+    // elsewhere: register allocation, not a rule).
+    auto next_column = [&](int j) {
+        if (!CAUSAL) return j + (int)gridDim.x;
+        const unsigned x = blockIdx.x, splits = gridDim.x, round = (unsigned)j / splits;
+        // j + the distance to this block's place in the next round
+        return j + (int)(round & 1 ? 2 * x + 1 : 2 * (splits - x) - 1);
+    };
     for (int j = blockIdx.x; j < (CAUSAL ? T_c : (opaque(seqlen_k) + B_c - 1) / B_c);
-         j += gridDim.x) {
+         j = next_column(j)) {
         const bool first = j == blockIdx.x;  // this block's first column block
         const int col0 = j * B_c;  // first key of K_j
         const RowBlocks rb = row_blocks<B_r, B_c, CAUSAL>(j, seqlen_q, seqlen_k);
