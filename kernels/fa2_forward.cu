@@ -280,7 +280,7 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                         else
                             rowsum += x;
                     }
-                if (LEAN) {
+                if (LEAN) {  // (lane & 3, not lane % 4: with that ptxas spilled 96 bytes)
                     const float sum = quad_sum(rowsum);  // rowsum(P~_ij), in every lane
                     if ((lane & 3) == mt * 2 + e2) l_own = fmaf(l_own, alpha, sum);
                 }
