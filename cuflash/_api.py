@@ -225,13 +225,12 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
         if out.size == 0:
             return out, lse
         q, k, v = (_aligned(cupy, x) for x in (q, k, v))
+        HD = _plan.head_dim_bucket(d)
         if algorithm == "fa1":
-            HD = _plan.head_dim_bucket(d)
             _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose)
             return out, lse
         # The tile shape and compiled kernel for this (device, dtype, d, mask, short keys or
         # not), looked up once.
-        HD = _plan.head_dim_bucket(d)
         short = _plan.forward_short(HD, causal, seqlen_k)
         key = (device_id, q.dtype, d, bool(causal), short, _config)
         launch = _forward_launches.get(key)
@@ -298,10 +297,9 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
     buckets = sorted({_plan.head_dim_bucket(d) for d in (head_dims or _plan.HEAD_DIM_BUCKETS)})
     max_smem = _max_smem(cupy, device_id)
     dtypes = [dt if isinstance(dt, str) else _dtype_name(dt) for dt in dtypes]
-    names = list(dict.fromkeys(  # (seqlen_k 1: the short-sequence shapes)
-        (_plan.FORWARD_FILE,
-         _plan.forward_kernel_name(dt, _plan.forward_config(HD, c, max_smem, n), c))
-        for dt in dtypes for HD in buckets for c in causal for n in (None, 1)))
+    names = [(_plan.FORWARD_FILE, _plan.forward_kernel_name(dt, cfg, c))
+             for dt in dtypes for HD in buckets for c in causal
+             for cfg in _plan.forward_plans(HD, c, max_smem)]
     if backward:
         bwd_buckets = sorted({_plan.backward_head_dim_bucket(d)
                               for d in (head_dims or _plan.HEAD_DIM_BUCKETS)})

@@ -114,6 +114,12 @@ def forward_config(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM,
                        "bytes of shared memory")
 
 
+def forward_plans(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM) -> list[ForwardConfig]:
+    """Every tile shape forward_config can pick for bucket HD on such a device: the usual one
+    and, where the bucket has one, the short-key one (distinct, in that order)."""
+    return list(dict.fromkeys(forward_config(HD, causal, max_smem_bytes, n) for n in (None, 1)))
+
+
 def forward_kernel_name(dtype_name: str, cfg: ForwardConfig, causal: bool) -> str:
     tag = ELEMENT_TAGS[dtype_name]
     return (f"cuflash::fa2_forward<{tag}, {cfg.HD}, {cfg.B_r}, {cfg.B_c}, {cfg.nwarps}, "
@@ -353,9 +359,8 @@ def all_specialisations(arch: str | None = None) -> list[tuple[str, str]]:
         for HD in HEAD_DIM_BUCKETS:
             for causal in (False, True):
                 for smem in smems:
-                    for seqlen_k in (None, 1):  # (1: the short-sequence shape, if any)
-                        cfg = forward_config(HD, causal, smem, seqlen_k)
-                        specs.append((FORWARD_FILE, forward_kernel_name(dtype_name, cfg, causal)))
+                    specs += [(FORWARD_FILE, forward_kernel_name(dtype_name, cfg, causal))
+                              for cfg in forward_plans(HD, causal, smem)]
         specs.append((BACKWARD_FILE, backward_preprocess_name(dtype_name)))
         for HD in BACKWARD_HEAD_DIM_BUCKETS:
             for smem in smems:
