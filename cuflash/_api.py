@@ -310,8 +310,8 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
                     cfg = _plan.backward_config(HD, max_smem, _has_bulk_copy(cupy, device_id))
                 except RuntimeError:  # does not fit this GPU: backward() will say so
                     continue
-                names += [(_plan.BACKWARD_FILE, _plan.backward_kernel_name(dt, cfg, c))
-                          for c in causal]
+                names += [(_plan.BACKWARD_FILE, _plan.backward_kernel_name(dt, cfg, c, o))
+                          for c in causal for o in ((False, True) if cfg.dq_bulk else (False,))]
                 names.append((_plan.BACKWARD_FILE, _plan.backward_dq_name(dt, cfg)))
 
     if fa1:
@@ -379,15 +379,16 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
             return dq, dk, dv
         q, k, v, dout, out = (_aligned(cupy, x) for x in (q, k, v, dout, out))
         # The tile shape and the three compiled kernels, looked up once per configuration.
-        key = (device_id, q.dtype, d, bool(causal), _config)
+        key = (device_id, q.dtype, d, bool(causal), bool(deterministic), _config)
         launch = _backward_launches.get(key)
         if launch is None:
             dtype_name = _dtype_name(q.dtype)
             cfg = _config or _plan.backward_config(_plan.backward_head_dim_bucket(d),
                                                    _max_smem(cupy, device_id),
                                                    _has_bulk_copy(cupy, device_id))
+            ordered = bool(deterministic and cfg.dq_bulk)
             main = _loader.get_kernel(_plan.BACKWARD_FILE,
-                                      _plan.backward_kernel_name(dtype_name, cfg, causal))
+                                      _plan.backward_kernel_name(dtype_name, cfg, causal, ordered))
             _set_smem(main, cfg.smem_bytes)
             launch = _backward_launches[key] = (
                 cfg, _loader.get_kernel(_plan.BACKWARD_FILE,
@@ -403,23 +404,32 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
             (out, dout, Dsum, np.int32(seqlen_q), np.int32(d), np.int32(lanes),
              *_strides(out), *_strides(dout)))
 
-        # 2. dK, dV per column block; dQ accumulated in float32 slices
+        # 2. dK, dV per column block; dQ accumulated in float32
         # float32 dQ sums; with dq_bulk in whole row blocks, in the kernel's fragment order.
-        # Deterministic with dq_bulk: each slice's first write is a store (no zeroing needed).
+        # Deterministic with dq_bulk: additions in a fixed order, counted in dq_order (the
+        # first one into each row block is a store: no zeroing needed); with atomics: one
+        # slice per split, summed in order afterwards (fa2_backward.cu, "Deterministic mode").
         T_c = (seqlen_k + cfg.B_c - 1) // cfg.B_c
         T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
         rows = T_r * cfg.B_r if cfg.dq_bulk else seqlen_q
+        ordered = deterministic and bool(cfg.dq_bulk)
+        split = deterministic and not ordered
         splits = _deterministic_splits(cupy, device_id, T_c, batch * nheads, cfg, seqlen_q,
-                                       rows, causal) if deterministic else 1
-        alloc = cupy.empty if deterministic and cfg.dq_bulk else cupy.zeros
+                                       rows, causal) if split else 1
+        alloc = cupy.empty if ordered else cupy.zeros
         dq_accum = alloc((splits, batch, nheads, rows, cfg.HD), dtype=cupy.float32)
+        dq_order = cupy.zeros((batch, nheads, T_r), dtype=cupy.int32) if ordered \
+            else np.uint64(0)  # a null pointer: not read
         if group > 1:  # one float32 slice per query head, summed over each group below
             dk_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
             dv_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
         else:
             dk_buf, dv_buf = dk, dv
-        main((splits if deterministic else T_c, nheads, batch), (cfg.threads,),
-             (q, k, v, dout, lse, Dsum, dq_accum, dk_buf, dv_buf,
+        # ordered, non-causal: block x of every (batch, head) starts before any block x + 1
+        grid = (nheads, batch, T_c) if ordered and not causal \
+            else (splits if split else T_c, nheads, batch)
+        main(grid, (cfg.threads,),
+             (q, k, v, dout, lse, Dsum, dq_accum, dq_order, dk_buf, dv_buf,
               np.int32(bool(deterministic)), np.int32(group > 1),
               np.int32(seqlen_q), np.int32(seqlen_k), np.int32(d), np.int32(group),
               *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk_buf),
@@ -429,7 +439,7 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
         # 3. dQ = scale * sum of the slices, in the input dtype
         if cfg.dq_bulk:  # one thread per 4 floats
             fin(((T_r * cfg.B_r * cfg.HD // 4 + 127) // 128, nheads, batch), (128,),
-                (dq_accum, dq, np.int32(splits), np.int32(bool(deterministic)),
+                (dq_accum, dq, np.int32(bool(deterministic)),
                  np.int32(bool(causal)), np.int32(seqlen_q), np.int32(seqlen_k), np.int32(d),
                  *_strides(dq), np.float32(scale)))
         else:  # one thread per 8 elements of a row
@@ -447,7 +457,7 @@ _backward_launches: dict = {}
 
 def _deterministic_splits(cupy, device_id: int, T_c: int, bh: int, cfg, seqlen_q: int,
                           rows: int, causal: bool) -> int:
-    """Thread blocks per (batch, head) in deterministic mode.
+    """Thread blocks per (batch, head) in deterministic mode with dQ atomics.
 
     Block x of a (batch, head) takes T_c / splits column blocks in turn, so the compute time
     goes as (waves of blocks) x (column blocks per block): ceil(bh * splits / SMs) *

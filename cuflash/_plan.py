@@ -326,9 +326,14 @@ def _tile_args(cfg: BackwardConfig) -> str:
             f"{cfg.wm_dq}, {cfg.qstages}")
 
 
-def backward_kernel_name(dtype_name: str, cfg: BackwardConfig, causal: bool) -> str:
+def backward_kernel_name(dtype_name: str, cfg: BackwardConfig, causal: bool,
+                         ordered: bool = False) -> str:
+    """ordered: the deterministic mode's kernel with ordered dQ additions (cfg.dq_bulk only;
+    with dQ atomics the deterministic mode runs the default kernel on split slices)."""
+    if ordered and not cfg.dq_bulk:
+        raise ValueError("ordered dQ additions need the bulk dQ reduction")
     return (f"cuflash::fa2_backward<{ELEMENT_TAGS[dtype_name]}, {_tile_args(cfg)}, "
-            f"{cfg.dq_bulk}, {'true' if causal else 'false'}>")
+            f"{cfg.dq_bulk}, {'true' if causal else 'false'}, {'true' if ordered else 'false'}>")
 
 
 def backward_preprocess_name(dtype_name: str) -> str:
@@ -369,7 +374,9 @@ def all_specialisations(arch: str | None = None) -> list[tuple[str, str]]:
                 except RuntimeError:  # does not fit this class: backward() raises there
                     continue
                 for causal in (False, True):
-                    specs.append((BACKWARD_FILE, backward_kernel_name(dtype_name, cfg, causal)))
+                    for ordered in (False, True) if cfg.dq_bulk else (False,):
+                        specs.append((BACKWARD_FILE,
+                                      backward_kernel_name(dtype_name, cfg, causal, ordered)))
                 specs.append((BACKWARD_FILE, backward_dq_name(dtype_name, cfg)))
         for HD in HEAD_DIM_BUCKETS:
             for smem in smems:  # the FA1 plan depends on the GPU's shared memory

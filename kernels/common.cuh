@@ -435,6 +435,29 @@ __device__ __forceinline__ void bulk_wait() {
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 #endif
 }
+// Ordered hand-off between thread blocks through a counter in global memory (the
+// deterministic backward's dQ additions, sm_90+; fa2_backward.cu, "Deterministic mode").
+// wait_counter: spin until *counter == value, then let this thread's later bulk operations
+// follow what it saw. set_counter: *counter = value, called once this thread's bulk operations
+// have completed (bulk_wait), so that whoever reads the value issues its own only after they
+// were performed in L2. The store is relaxed, not a release: the bulk wait has already seen the
+// writes performed, and a release (a full memory barrier in front of the store, which waits
+// for every outstanding access of the thread) measured 10-30% slower on the whole backward.
+__device__ __forceinline__ void wait_counter(const int* counter, int value) {
+#if __CUDA_ARCH__ >= 900
+    int seen;
+    do {
+        asm volatile("ld.acquire.gpu.s32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    } while (seen != value);
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void set_counter(int* counter, int value) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.global;\n"
+                 "st.relaxed.gpu.s32 [%0], %1;" :: "l"(counter), "r"(value) : "memory");
+#endif
+}
 // 16-byte shared-memory store to a 32-bit shared address.
 __device__ __forceinline__ void st_shared_v4(unsigned addr, float a, float b, float c, float d) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};"

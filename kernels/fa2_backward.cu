@@ -35,20 +35,36 @@
 //                shared-memory stores are conflict-free 16-byte vectors; fa2_backward_dq_bulk
 //                undoes the order.
 //
-// Deterministic mode (`deterministic` = 1): gridDim.x is a fixed number of splits; thread block
-// x handles one column block of each round of gridDim.x (x, x + gridDim.x, ...; causal: the
-// x-th from the end of odd rounds) and owns slice x of dQ_accum. Each element of a
-// slice is then updated by one thread only, in program order (DQ_BULK: by one bulk operation
-// per column block, each column block's completing before the next one's start; the first
-// column block stores, the others add), so the sums come out the same on every run;
-// fa2_backward_dq(_bulk) adds the slices in a fixed order. Otherwise gridDim.x = T_c and all
-// blocks add into slice 0 (zeroed), in whatever order the additions land.
+// Deterministic mode: the additions into each element of dQ_accum happen in an order fixed in
+// advance, so the sums come out the same on every run. Two schemes:
+//   ORDERED (with DQ_BULK, sm_90+): one column block per thread block as in the default mode,
+//     block x of a (batch, head) taking j = T_c - 1 - x. The column blocks that see row block
+//     i add into it right to left: j = n_i - 1 (rank 0, which stores instead of adding: no
+//     zeroing), then n_i - 2, ..., 0, where n_i = column_blocks(i).end. A counter per (batch,
+//     head, row block) in dQ_order says whose turn it is: block j waits until it reads its
+//     rank, issues its bulk reduction, and once that has completed (checked half a step later)
+//     sets it to rank + 1. A block only ever waits for a block x - 1, which the GPU started
+//     before it, so it cannot wait for one that has no SM. Causal: grid (T_c, heads, batch);
+//     right to left is also the order in which the blocks reach a row block (column blocks
+//     further right start further down), so they rarely wait. Non-causal: every block starts
+//     at row block 0, so block x would trail block x - 1 by a hand-off at every row block;
+//     grid (heads, batch, T_c) instead starts block x of every (batch, head) before any block
+//     x + 1, and the blocks of one (batch, head) start far enough apart not to wait
+//     (PERFORMANCE.md has the measurements of both orders for both masks). A template
+//     parameter rather than a run-time flag: as a flag it cost the default kernels 1-3%.
+//   splits (`deterministic` = 1, dQ atomics): gridDim.x is a fixed number of splits; block x
+//     handles one column block of each round of gridDim.x (x, x + gridDim.x, ...; causal: the
+//     x-th from the end of odd rounds) and owns slice x of dQ_accum, each element of which is
+//     then updated by one thread only, in program order; fa2_backward_dq adds the slices in a
+//     fixed order.
+// Otherwise gridDim.x = T_c, block x takes column block x, and all blocks add into one zeroed
+// dQ_accum in whatever order the additions land.
 //
 // Variants: T (fp16 | bf16), HD (head-dim bucket), B_r, B_c, NWARPS, the three warp layouts
 // (WM_SDP, WM_DKV, WM_DQ), QSTAGES (1 or 2 shared-memory buffers for Q_i, dO_i, L_i, D_i; row
 // block i + 1 loads during step i: with 2, Q, L, D from its start and dO after dV_j += P_ij^T
 // dO_i; with 1, all of it after dK_j += dS_ij^T Q_i, during the dQ product),
-// DQ_BULK, CAUSAL. cuflash/_plan.py picks them per head dim and GPU.
+// DQ_BULK, CAUSAL, ORDERED. cuflash/_plan.py picks them per head dim and GPU.
 #include "common.cuh"
 #include "block_range.cuh"
 
@@ -165,17 +181,19 @@ struct BackwardTile {
 // Q, dO: (batch, seqlen_q, heads, d); K, V: (batch, seqlen_k, heads_k, d), any strides with a
 // contiguous last dim; query head h reads kv head h / group. L, Dsum: (batch, heads, seqlen_q)
 // float32. dQ_accum: (splits, batch, heads, seqlen_q, HD) float32, zeroed; with DQ_BULK
-// (splits, batch, heads, T_r, B_r * HD), T_r = ceil(seqlen_q / B_r), in fragment order.
+// (batch, heads, T_r, B_r * HD), T_r = ceil(seqlen_q / B_r), in fragment order (zeroed unless
+// ORDERED). dQ_order: ORDERED, (batch, heads, T_r) int32, zeroed.
 // dK, dV: when `expanded` is 0, the input dtype with kv heads (group == 1); when 1, float32
 // with one slice per query head (batch, seqlen_k, heads, d), summed over each group afterwards.
 template <typename T, int HD, int B_r, int B_c, int NWARPS, int WM_SDP, int WM_DKV, int WM_DQ,
-          int QSTAGES, int DQ_BULK, bool CAUSAL>
+          int QSTAGES, int DQ_BULK, bool CAUSAL, bool ORDERED>
 __global__ void __launch_bounds__(NWARPS * 32, 1)
 fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
              const elem_t* __restrict__ V, const elem_t* __restrict__ dO,
              const float* __restrict__ L, const float* __restrict__ Dsum,
-             float* __restrict__ dQ_accum, void* __restrict__ dK, void* __restrict__ dV,
-             int deterministic, int expanded, int seqlen_q, int seqlen_k, int d, int group,
+             float* __restrict__ dQ_accum, int* __restrict__ dQ_order, void* __restrict__ dK,
+             void* __restrict__ dV, int deterministic, int expanded, int seqlen_q, int seqlen_k,
+             int d, int group,
              long long q_stride_b, long long q_stride_s, long long q_stride_h,
              long long k_stride_b, long long k_stride_s, long long k_stride_h,
              long long v_stride_b, long long v_stride_s, long long v_stride_h,
@@ -186,6 +204,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     static_assert(DQ_BULK == 0, "DQ_BULK needs sm_90 or newer (cp.reduce.async.bulk)");
 #endif
+    static_assert(!ORDERED || DQ_BULK > 0, "ordered additions are bulk reductions");
     constexpr int NTHREADS = Tile::NTHREADS, PITCH = Tile::PITCH;
     constexpr bool GROUP_K = Tile::GROUP_K;
     constexpr int S_MT = Tile::S_MT, S_NT = Tile::S_NT, KV_MT = Tile::KV_MT,
@@ -210,7 +229,11 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     const int s_m = warp % WM_SDP, s_n = warp / WM_SDP;     // S, dP: rows, keys
     const int kv_m = warp % WM_DKV, kv_n = warp / WM_DKV;   // dK, dV: keys, head dim
     const int q_m = warp % WM_DQ, q_n = warp / WM_DQ;       // dQ: rows, head dim
-    const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y, nbatch = gridDim.z;
+    // Grid (T_c or splits, heads, batch); ORDERED and non-causal: (heads, batch, T_c) (see
+    // "Deterministic mode" above).
+    constexpr bool by_head = ORDERED && !CAUSAL;
+    const int head = by_head ? blockIdx.x : blockIdx.y, nheads = by_head ? gridDim.x : gridDim.y;
+    const int batch = by_head ? blockIdx.y : blockIdx.z, nbatch = gridDim.z;
     const int head_k = head / group;
     const int chunks = d / 8;
     const int T_c = (seqlen_k + B_c - 1) / B_c;
@@ -267,44 +290,59 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     };
 
     // DQ_BULK: hand the current dQ tile (complete: call after a barrier) to the copy engine, to
-    // be added into row block i of this block's slice of dQ_accum (thread 0 issues it), and move
-    // on to the next tile. The reductions of one column block go to distinct row blocks; in
-    // deterministic mode all of them complete before the next column block's first one is
-    // issued, so that the additions into each element of the slice happen in a fixed order, and
-    // the block's first column block stores its tiles instead (`store`): the slices need no
-    // zeroing, and fa2_backward_dq_bulk skips the row blocks a slice never received.
+    // be added into row block i of dQ_accum (thread 0 issues it), and move on to the next tile.
+    // ORDERED: await_turn(i, j) first waits for column block j's turn at row block i
+    // (its rank), flush_dq stores rather than adds at rank 0, and release_dq(i, j) passes the
+    // turn on once the operation has completed. Everything is recomputed from the special
+    // registers and the arguments: thread 0 alone needs it (with opaque copies of batch and
+    // head instead, the d 64 causal kernel spilled 36 bytes; with the wait inside flush_dq,
+    // after the barrier, the fp16 d 128 causal one spilled 8).
     int dq_tile = 0;  // the tile this block's next dQ_ij goes to
-    auto flush_dq = [&](int i, bool store) {
+    auto row_block_index = [&](int i) {  // (batch, head, row block i), flattened
+        return ((long long)batch * nheads + head) * ((seqlen_q + B_r - 1) / B_r) + i;
+    };
+    auto dq_rank = [&](int i, int j) {  // column block j's turn among those that see row block i
+        return column_blocks<B_r, B_c, CAUSAL>(i, seqlen_q, seqlen_k).end - 1 - j;
+    };
+    auto await_turn = [&](int i, int j) {
+        if (ORDERED && tid == 0)
+            wait_counter(dQ_order + row_block_index(i), dq_rank(i, j));
+    };
+    auto flush_dq = [&](int i, int j) {
         if (DQ_BULK && tid == 0) {
-            const long long split = deterministic ? blockIdx.x : 0;
-            const int T_r = (seqlen_q + B_r - 1) / B_r;
-            float* dst = dQ_accum + (((split * gridDim.z + blockIdx.z) * gridDim.y +
-                                      blockIdx.y) * T_r + i) * (B_r * HD);
+            float* dst = dQ_accum + row_block_index(i) * (B_r * HD);
             const unsigned src = sbase + OFF_DQ + dq_tile * Tile::TILE_DQ;
-            if (store)
+            if (ORDERED && dq_rank(i, j) == 0)
                 bulk_store(dst, src, Tile::TILE_DQ);
             else
                 bulk_reduce_add_f32(dst, src, Tile::TILE_DQ);
         }
         dq_tile = DQ_BULK == 2 ? dq_tile ^ 1 : 0;
     };
+    auto release_dq = [&](int i, int j) {
+        if (ORDERED && tid == 0) {
+            bulk_wait();  // the reduction into row block i has completed
+            set_counter(dQ_order + row_block_index(i), dq_rank(i, j) + 1);
+        }
+    };
 
-    // Column blocks j < T_c: j = blockIdx.x alone unless deterministic. Deterministic (gridDim.x
-    // = splits): rounds of gridDim.x column blocks, block x taking the x-th of each round; with
-    // the causal mask, the x-th from the end of each odd round instead (column blocks get
-    // cheaper to the right, so this evens out the splits' work). Without the mask T_c is
-    // recomputed from the argument at each test rather than held in a register (it was the one
-    // value spilled at d 192 and d 256; with the mask the recomputation moved a spill
-    // elsewhere: register allocation, not a rule).
+    // Column blocks j < T_c: j = x, or T_c - 1 - x (ORDERED), x the block's index along the
+    // column blocks (blockIdx.x, or blockIdx.z on the by-head grid), one per block, unless
+    // deterministic with atomics (gridDim.x = splits): rounds of gridDim.x column blocks, block
+    // x taking the x-th of each round; with the causal mask, the x-th from the end of each odd
+    // round instead (column blocks get cheaper to the right, so this evens out the splits'
+    // work). Without the mask T_c is recomputed from the argument at each test rather than held
+    // in a register (it was the one value spilled at d 192 and d 256; with the mask the
+    // recomputation moved a spill elsewhere: register allocation, not a rule).
     auto next_column = [&](int j) {
+        if (DQ_BULK) return T_c;  // one column block per thread block
         if (!CAUSAL) return j + (int)gridDim.x;
         const unsigned x = blockIdx.x, splits = gridDim.x, round = (unsigned)j / splits;
         // j + the distance to this block's place in the next round
         return j + (int)(round & 1 ? 2 * x + 1 : 2 * (splits - x) - 1);
     };
-    for (int j = blockIdx.x; j < (CAUSAL ? T_c : (opaque(seqlen_k) + B_c - 1) / B_c);
-         j = next_column(j)) {
-        const bool first = j == blockIdx.x;  // this block's first column block
+    for (int j = !ORDERED ? (int)blockIdx.x : T_c - 1 - (int)(by_head ? blockIdx.z : blockIdx.x);
+         j < (CAUSAL ? T_c : (opaque(seqlen_k) + B_c - 1) / B_c); j = next_column(j)) {
         const int col0 = j * B_c;  // first key of K_j
         const RowBlocks rb = row_blocks<B_r, B_c, CAUSAL>(j, seqlen_q, seqlen_k);
 
@@ -418,8 +456,12 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                 }
             }
             // dQ tile dq_tile is free for this step's dQ_ij once the reduction issued from it
-            // DQ_BULK steps ago has read it (later ones may still be pending)
-            if constexpr (DQ_BULK > 0) {
+            // DQ_BULK steps ago has read it (later ones may still be pending). ORDERED:
+            // the one issued at the top of this step has completed (about half a step ago)
+            // and the next column block may add into row block i - 1.
+            if constexpr (ORDERED) {
+                if (i > rb.begin) release_dq(i - 1, j);
+            } else if constexpr (DQ_BULK > 0) {
                 if (tid == 0) bulk_wait_read<DQ_BULK - 1>();
             }
             __syncthreads();  // P_ij and dS_ij are complete
@@ -472,7 +514,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             const auto rd_q_a = rows_first(Int<B_c>{}, sbase + q_m * Tile::Q_MW * B_c * 2, 0);
             const auto rd_q_b = rows_first(Int<PITCH>{}, sbase, q_n * Tile::Q_NW / 8);
             // atomics: this warp's first dQ column, in slice `split` of dQ_accum
-            const long long split = deterministic ? opaque(blockIdx.x) : 0;
+            const long long split = !DQ_BULK && deterministic ? opaque(blockIdx.x) : 0;
             float* dst0 = dQ_accum + q_n * Tile::Q_NW +
                 ((split * nbatch + opaque(batch)) * nheads + opaque(head)) * seqlen_q * HD;
 #pragma unroll
@@ -544,12 +586,13 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 
         for (int i = rb.begin; i < rb.end; ++i) {
             const int buf = QSTAGES == 2 ? (i - rb.begin) & 1 : 0;
+            if (i > rb.begin) await_turn(i - 1, j);  // (ORDERED)
             cp_async_wait<0>();
             // Row block i (and K_j, V_j) are in shared memory, and every warp is done with
             // step i - 1: its row-block buffer, P and dS may be overwritten, its dQ tile sent.
             __syncthreads();
             if (DQ_BULK && i > rb.begin) {  // step i - 1's dQ tile is complete
-                flush_dq(i - 1, deterministic && first);
+                flush_dq(i - 1, j);
             }
             if (QSTAGES == 2 && i + 1 < rb.end) {  // Q_{i+1}, L, D load during this step
                 load_row_block(i + 1, buf ^ 1, ROW_QLD);
@@ -563,9 +606,10 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         }
 
         if (DQ_BULK && rb.begin < rb.end) {
+            await_turn(rb.end - 1, j);
             __syncthreads();  // the last row block's dQ tile is complete
-            flush_dq(rb.end - 1, deterministic && first);
-            if (deterministic && tid == 0) bulk_wait();
+            flush_dq(rb.end - 1, j);
+            release_dq(rb.end - 1, j);
         }
 
         // ---- epilogue: dK_j = scale * dK_j, dV_j, written straight from registers ----------
@@ -640,19 +684,18 @@ fa2_backward_dq(const float* __restrict__ dQ_accum, elem_t* __restrict__ dQ, int
 
 // The same, for dQ_accum in fragment order (fa2_backward with DQ_BULK; the tile parameters
 // must match). One thread per 4 floats of a fragment (rows g and g + 8, two columns), read
-// from each slice in turn; grid (ceil(T_r * B_r * HD / 4 / 128), heads, batch).
-// Deterministic mode (`deterministic` = 1; slices not zeroed): slice x holds row block i iff
-// its first column block, j = x, reaches it (row_blocks; later ones reach no further up).
+// grid (ceil(T_r * B_r * HD / 4 / 128), heads, batch). Deterministic mode (`deterministic` =
+// 1; dQ_accum not zeroed): row block i was written iff some column block sees it (n_i > 0).
 template <typename T, int HD, int B_r, int B_c, int NWARPS, int WM_SDP, int WM_DKV, int WM_DQ,
           int QSTAGES>
 __global__ void __launch_bounds__(128)
-fa2_backward_dq_bulk(const float* __restrict__ dQ_accum, elem_t* __restrict__ dQ, int splits,
+fa2_backward_dq_bulk(const float* __restrict__ dQ_accum, elem_t* __restrict__ dQ,
                      int deterministic, int causal, int seqlen_q, int seqlen_k, int d,
                      long long dq_stride_b, long long dq_stride_s, long long dq_stride_h,
                      float softmax_scale) {
     using Tile = BackwardTile<HD, B_r, B_c, NWARPS, WM_SDP, WM_DKV, WM_DQ, QSTAGES, 1>;
     constexpr int FRAGS = B_r * HD / 4;  // per row block
-    const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y, nbatch = gridDim.z;
+    const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
     const int T_r = (seqlen_q + B_r - 1) / B_r;
     const long long f = (long long)blockIdx.x * 128 + threadIdx.x;
     if (f >= (long long)T_r * FRAGS) return;
@@ -669,15 +712,12 @@ fa2_backward_dq_bulk(const float* __restrict__ dQ_accum, elem_t* __restrict__ dQ
     const int row = i * B_r + (warp % WM_DQ) * Tile::Q_MW + mt * 16 + lane / 4;
     const int col = (warp / WM_DQ) * Tile::Q_NW + (pass * Tile::DQ_PASS + nt) * 8 + (lane % 4) * 2;
     if (col >= d) return;  // the zero padding of the head dim
-    const long long slice = (long long)nbatch * nheads * T_r * FRAGS * 4;
     const float* src = dQ_accum + ((long long)batch * nheads + head) * T_r * FRAGS * 4 + f * 4;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int sp = 0; sp < splits; ++sp) {  // fixed order: deterministic
-        if (deterministic && causal && i < row_blocks<B_r, B_c, true>(sp, seqlen_q, seqlen_k).begin)
-            continue;  // (non-causal: every slice holds every row block)
-        const Float4 v = *reinterpret_cast<const Float4*>(src + sp * slice);
-        acc[0] += v.x; acc[1] += v.y; acc[2] += v.z; acc[3] += v.w;
-    }
+    // (non-causal: every column block sees every row block)
+    const bool written = !deterministic || !causal ||
+                         column_blocks<B_r, B_c, true>(i, seqlen_q, seqlen_k).end > 0;
+    const Float4 v = written ? *reinterpret_cast<const Float4*>(src) : Float4{0.f, 0.f, 0.f, 0.f};
+    const float acc[4] = {v.x, v.y, v.z, v.w};
     elem_t* out = dQ + batch * dq_stride_b + head * dq_stride_h + col;
 #pragma unroll
     for (int e2 = 0; e2 < 2; ++e2)  // rows g and g + 8
