@@ -425,10 +425,8 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
             dv_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
         else:
             dk_buf, dv_buf = dk, dv
-        # ordered, non-causal: block x of every (batch, head) starts before any block x + 1
-        grid = (nheads, batch, T_c) if ordered and not causal \
-            else (splits if split else T_c, nheads, batch)
-        main(grid, (cfg.threads,),
+        main(_backward_grid(T_c, nheads, batch, causal, ordered, splits if split else 0),
+             (cfg.threads,),
              (q, k, v, dout, lse, Dsum, dq_accum, dq_order, dk_buf, dv_buf,
               np.int32(bool(deterministic)), np.int32(group > 1),
               np.int32(seqlen_q), np.int32(seqlen_k), np.int32(d), np.int32(group),
@@ -453,6 +451,21 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
 
 
 _backward_launches: dict = {}
+
+
+def _backward_grid(T_c: int, nheads: int, batch: int, causal: bool, ordered: bool,
+                   splits: int = 0) -> tuple:
+    """The FA2 backward kernel's grid: (T_c, heads, batch), one block per column block, or
+    (splits, heads, batch) with split slices; with ordered dQ additions and no causal mask,
+    (heads, batch, T_c), so that block x of every (batch, head) starts before any block x + 1
+    (fa2_backward.cu, "Deterministic mode")."""
+    if ordered and not causal:
+        if T_c > _GRID_YZ_MAX:
+            raise ValueError(f"deterministic=True without the causal mask handles at most "
+                             f"{_GRID_YZ_MAX} key blocks ({T_c} here): use shorter key "
+                             f"sequences, causal=True, or deterministic=False")
+        return (nheads, batch, T_c)
+    return (splits or T_c, nheads, batch)
 
 
 def _deterministic_splits(cupy, device_id: int, T_c: int, bh: int, cfg, seqlen_q: int,

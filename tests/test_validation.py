@@ -115,6 +115,19 @@ def test_backward_buckets():
         _plan.backward_config(256, 99 * 1024)
 
 
+def test_backward_grid_by_mode():
+    """One block per column block (T_c, heads, batch); split slices (splits, heads, batch);
+    ordered dQ additions without the mask (heads, batch, T_c), whose T_c is a grid z limit that
+    gets a clear error instead of a failed launch."""
+    assert _api._backward_grid(40, 16, 2, False, False) == (40, 16, 2)
+    assert _api._backward_grid(40, 16, 2, True, False, splits=5) == (5, 16, 2)
+    assert _api._backward_grid(40, 16, 2, True, True) == (40, 16, 2)
+    assert _api._backward_grid(40, 16, 2, False, True) == (16, 2, 40)
+    assert _api._backward_grid(70000, 1, 1, True, True) == (70000, 1, 1)
+    with pytest.raises(ValueError, match="at most 65535 key blocks"):
+        _api._backward_grid(70000, 1, 1, False, True)
+
+
 def test_backward_tile_pitch():
     """Head dims that are not whole 64-element swizzle groups get a 64-multiple row pitch in
     shared memory when the layout splits them across warps, and count it in smem_bytes."""
