@@ -51,7 +51,7 @@
 //     grid (heads, batch, T_c) instead starts block x of every (batch, head) before any block
 //     x + 1, and the blocks of one (batch, head) start far enough apart not to wait
 //     (PERFORMANCE.md has the measurements of both orders for both masks). A template
-//     parameter rather than a run-time flag: as a flag it cost the default kernels 1-3%.
+//     parameter rather than a run-time flag: as a flag it cost the default kernels 1-3.5%.
 //   splits (`deterministic` = 1, dQ atomics): gridDim.x is a fixed number of splits; block x
 //     handles one column block of each round of gridDim.x (x, x + gridDim.x, ...; causal: the
 //     x-th from the end of odd rounds) and owns slice x of dQ_accum, each element of which is
@@ -293,10 +293,10 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     // be added into row block i of dQ_accum (thread 0 issues it), and move on to the next tile.
     // ORDERED: await_turn(i, j) first waits for column block j's turn at row block i
     // (its rank), flush_dq stores rather than adds at rank 0, and release_dq(i, j) passes the
-    // turn on once the operation has completed. Everything is recomputed from the special
-    // registers and the arguments: thread 0 alone needs it (with opaque copies of batch and
-    // head instead, the d 64 causal kernel spilled 36 bytes; with the wait inside flush_dq,
-    // after the barrier, the fp16 d 128 causal one spilled 8).
+    // turn on once the operation has completed. Everything is recomputed from the block
+    // indices and the arguments: thread 0 alone needs it. (When the ordered path was a run-time
+    // flag in every kernel, opaque copies of batch and head made the d 64 causal kernel spill
+    // 36 bytes, and the wait inside flush_dq, after the barrier, the fp16 d 128 causal one 8.)
     int dq_tile = 0;  // the tile this block's next dQ_ij goes to
     auto row_block_index = [&](int i) {  // (batch, head, row block i), flattened
         return ((long long)batch * nheads + head) * ((seqlen_q + B_r - 1) / B_r) + i;
