@@ -137,8 +137,14 @@ def column_blocks(row_block, B_r, B_c, seqlen_q, seqlen_k, causal) -> ColumnBloc
     return ColumnBlocks(begin, masked_begin, end)
 
 
-def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=64):
+def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=64,
+                        rescale_log2=None):
     """The FA2 forward loop, in float64, block by block. Returns (O, L).
+
+    rescale_log2: None keeps m_i at the running row max, as the seed does. A number t keeps
+    m_i until a row max passes it by more than t in the exponent of P~ (so P~ <= 2^t), as the
+    kernel's lazy rescaling does with t = 8 (fa2_forward.cu, LAZY_RESCALE): O and L come out
+    the same, since O~_i and l_i always share the m_i they were computed with.
 
     Also checks the block plan against the mask: blocks it skips must be fully masked and
     blocks it leaves unmasked must be fully visible (AssertionError otherwise).
@@ -171,6 +177,10 @@ def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
             if j >= cb.masked_begin:
                 S_ij = np.where(block_visible, S_ij, -np.inf)
             m_new = np.maximum(m_i, S_ij.max(axis=-1))                # m_new = max(m, rowmax S)
+            if rescale_log2 is not None:                              # lazy: keep m unless
+                with np.errstate(invalid="ignore"):                   # P~ would pass 2^t
+                    grow = (m_new - m_i) * scale * math.log2(math.e) > rescale_log2
+                m_new = np.where(grow | np.isneginf(m_i), m_new, m_i)
             m_scaled = np.where(np.isneginf(m_new), 0.0, m_new * scale)
             P_ij = np.exp(S_ij * scale - m_scaled[..., None])         # P~ = e^(scale S - m)
             alpha = np.exp(m_i * scale - m_scaled)                    # e^(m_old - m_new)

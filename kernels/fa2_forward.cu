@@ -53,6 +53,15 @@ struct ForwardTile {
     // s_bounds in the kernel). Only there: elsewhere the extra shuffles and shared-memory loads
     // cost 5-10% (measured at d 32-96).
     static constexpr bool LEAN = MT * (NT_O + NT_S) * 4 >= 192;
+    // LEAN tiles also (each measured on the H200 d 128 tile, two K/V stages, against FA2:
+    // both together +2-4%; on the other tiles the lazy rescaling's branch cost 3-10%):
+    //   LAZY_RESCALE  m_i moves only when a row max passes it by more than 2^RESCALE_LOG2 in
+    //                 P~, so the O~_i *= e^(m_i - m_new) multiplies are mostly skipped;
+    //   SPLIT_V0      the first V_j is a cp.async group of its own: the first step computes
+    //                 S_ij as soon as Q_i and K_j are in and waits for V_j only before P~V.
+    static constexpr bool LAZY_RESCALE = LEAN;
+    static constexpr float RESCALE_LOG2 = 8.f;
+    static constexpr bool SPLIT_V0 = LEAN && KV_STAGES == 2;
     // Shared memory, in elements: Q_i (B_r x HD), KV_STAGES x (K_j, V_j) (B_c x HD each).
     static constexpr int SMEM_ELEMS = (B_r + 2 * KV_STAGES * B_c) * HD;
     // Thread blocks per SM the register file is planned for: O~_i and S_ij accumulators plus
@@ -163,10 +172,16 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     if (cb.begin < cb.end) {
         const int first = KV_STAGES == 2 ? (cb.begin & 1) * B_c * HD : 0;
         load_kv(sK + first, K, k_stride_b, k_stride_h, k_stride_s, cb.begin * B_c);
-        if (KV_STAGES == 2)
+        if (KV_STAGES == 2 && !Tile::SPLIT_V0)
             load_kv(sV + first, V, v_stride_b, v_stride_h, v_stride_s, cb.begin * B_c);
     }
     cp_async_commit();
+    if (Tile::SPLIT_V0) {  // V_{begin} in a group of its own, awaited before the first P~V
+        if (cb.begin < cb.end)
+            load_kv(sV + (cb.begin & 1) * B_c * HD, V, v_stride_b, v_stride_h, v_stride_s,
+                    cb.begin * B_c);
+        cp_async_commit();
+    }
 
     // Per-thread state. Accumulator fragment layout of mma m16n8k16: lane holds rows
     // g = lane / 4 and g + 8 (index [e / 2]) and columns 2 * (lane % 4) + (e % 2) of a 16x8 tile.
@@ -188,12 +203,15 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     }
 
     // ---- the FA2 inner loop: one step per column block j ----------------------------------
-    auto step = [&](int j, auto masked) {
+    auto step = [&](int j, auto masked, bool first) {
         constexpr bool MASK = decltype(masked)::value;
         const int col0 = j * B_c;  // first key column of K_j
         // This step's K_j, V_j buffers (element offset into sK, sV)
         const int stage = KV_STAGES == 2 ? (j & 1) * B_c * HD : 0;
-        cp_async_wait<0>();
+        if (Tile::SPLIT_V0 && first)
+            cp_async_wait<1>();  // Q_i, K_j (V_j may still be in flight)
+        else
+            cp_async_wait<0>();
         __syncthreads();  // K_j (and V_j) in shared memory; every warp is done with step j - 1
         if (KV_STAGES == 2) {
             // K_{j+1}, V_{j+1}: HBM -> the other buffers, overlapping this whole step.
@@ -257,6 +275,15 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                 for (int nt = 0; nt < NT_S; ++nt)
                     m_new = fmaxf(m_new, fmaxf(s[mt][nt][e2 * 2], s[mt][nt][e2 * 2 + 1]));
                 m_new = quad_max(m_new);
+                // Lazy rescaling: m_i moves only when rowmax(S_ij) passes it by more than
+                // RESCALE_LOG2 in the exponent, so P~_ij <= 2^8 (float32 O~_i and l_i hold
+                // that easily); O_i = diag(l_i)^-1 O~_i and L_i = m_i + log(l_i) are the same
+                // for any m_i that O~_i and l_i share.
+                bool grow = true;
+                if (Tile::LAZY_RESCALE) {
+                    grow = m_new * scale_log2 > m[mt][e2] * scale_log2 + Tile::RESCALE_LOG2;
+                    if (!grow) m_new = m[mt][e2];  // alpha = 1 below
+                }
                 // A row with nothing visible yet keeps m = -inf; use 0 so that -inf - -inf
                 // never makes a NaN (its P~ is exp(-inf) = 0 either way).
                 const float m_scaled = m_new == CUFLASH_NEG_INF ? 0.f : m_new * scale_log2;
@@ -264,6 +291,8 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                 m[mt][e2] = m_new;
                 if (!LEAN) l[mt][e2] *= alpha;
                 float rowsum = 0.f;  // (LEAN) this lane's part of rowsum(P~_ij)
+                // (a warp-uniform branch: skipped when no row of the warp moved its m_i)
+                if (!Tile::LAZY_RESCALE || __any_sync(0xffffffffu, grow))
 #pragma unroll
                 for (int nt = 0; nt < NT_O; ++nt) {
                     o[mt][nt][e2 * 2] *= alpha;
@@ -297,6 +326,10 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         // O~_i += P~_ij V_j. The S accumulators of n8 tiles 2kk and 2kk+1 are exactly the A
         // fragment of a 16x16 tile of P~, so P~ goes from registers straight into the mma.
         // B = V_j rows read with ldmatrix .trans.
+        if (Tile::SPLIT_V0 && first) {
+            cp_async_wait<1>();
+            __syncthreads();  // V_j is in shared memory
+        }
         const SwizzledReader<HD> readV = rows_first(sV + stage);
         warp_mma<T, Tile::KS_PV, false>(  // k step kk = keys 16 kk; P~ indexed at compile time
             o,
@@ -315,8 +348,11 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             });
     };
     int j = cb.begin;
-    for (; j < masked_begin(); ++j) step(j, Bool<false>{});  // blocks every row sees whole
-    for (; j < end(); ++j) step(j, Bool<true>{});            // diagonal / ragged-end blocks
+    bool first = true;  // step j == cb.begin (SPLIT_V0 waits for V_j separately there)
+    for (; j < masked_begin(); ++j, first = false)
+        step(j, Bool<false>{}, first);  // blocks every row sees whole
+    for (; j < end(); ++j, first = false)
+        step(j, Bool<true>{}, first);   // diagonal / ragged-end blocks
 
     // ---- epilogue: O_i = diag(l_i)^-1 O~_i, L_i = m_i + log(l_i) ---------------------------
     cp_async_wait<0>();  // (nothing is in flight unless no block was visited; then Q_i is)

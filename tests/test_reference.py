@@ -92,6 +92,21 @@ def test_tiled_forward_equals_naive(case, causal, tiled):
     _assert_same(O, L, O2, L2, 1e-12)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("growth", [0.0, 3.0], ids=["flat", "rising"])
+def test_lazy_rescaling_equals_naive(growth, causal):
+    """The kernel's lazy rescaling (m_i kept until P~ would pass 2^8): same O and L. "rising"
+    scales the keys up block by block, so row maxima pass m_i by more than 2^8 at some blocks
+    (m_i moves) and by less at others (m_i stays); "flat" keeps the first block's m_i."""
+    rng = np.random.default_rng(7)
+    q, k, v = _rand(rng, 2, 40, 2, 16), _rand(rng, 2, 48, 2, 16), _rand(rng, 2, 48, 2, 16)
+    k = k * (1.0 + growth * (np.arange(48) // 8))[None, :, None, None]
+    O, L = ref.attention_naive(q, k, v, causal)
+    for t in (0.0, 8.0):
+        O2, L2 = ref.attention_fa2_tiled(q, k, v, causal, B_r=16, B_c=8, rescale_log2=t)
+        _assert_same(O, L, O2, L2, 1e-12)
+
+
 def test_fully_masked_rows_are_zero_with_lse_minus_inf():
     rng = np.random.default_rng(1)
     q, k, v = _rand(rng, 1, 10, 1, 8), _rand(rng, 1, 4, 1, 8), _rand(rng, 1, 4, 1, 8)
