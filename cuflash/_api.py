@@ -391,11 +391,11 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
                                       _plan.backward_kernel_name(dtype_name, cfg, causal, ordered))
             _set_smem(main, cfg.smem_bytes)
             launch = _backward_launches[key] = (
-                cfg, _loader.get_kernel(_plan.BACKWARD_FILE,
-                                        _plan.backward_preprocess_name(dtype_name)),
+                cfg, ordered, _loader.get_kernel(_plan.BACKWARD_FILE,
+                                                 _plan.backward_preprocess_name(dtype_name)),
                 main, _loader.get_kernel(_plan.BACKWARD_FILE,
                                          _plan.backward_dq_name(dtype_name, cfg)))
-        cfg, pre, main, fin = launch
+        cfg, ordered, pre, main, fin = launch
 
         # 1. D = rowsum(dO ∘ O), float32 (batch, heads, seqlen_q)
         Dsum = cupy.empty((batch, nheads, seqlen_q), dtype=cupy.float32)
@@ -412,7 +412,6 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
         T_c = (seqlen_k + cfg.B_c - 1) // cfg.B_c
         T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
         rows = T_r * cfg.B_r if cfg.dq_bulk else seqlen_q
-        ordered = deterministic and bool(cfg.dq_bulk)
         split = deterministic and not ordered
         splits = _deterministic_splits(cupy, device_id, T_c, batch * nheads, cfg, seqlen_q,
                                        rows, causal) if split else 1
