@@ -262,14 +262,16 @@ _BACKWARD_CONFIGS = {
 # wm_sdp, wm_dkv, wm_dq, qstages, dQ tiles). Up to HD = 128 every shape above is also tried
 # with two, then one dQ tile; above, those variants spill registers (8-48 bytes), so only the
 # spill-free ones listed here are used, then the atomics. d 64: one dQ tile, not two (+2-3% at
-# seqlen 4k-16k, bf16 and fp16; at d 128 the two measured the same). d 160 runs the 192
+# seqlen 4k-16k, bf16 and fp16; at d 128 the two measured the same), and layout 4/4/4 (four
+# warps along the rows of S and dP, as FlashAttention-2 has it) rather than 2/4/4: +3-5% at
+# every seqlen, both masks (spill-free only with the kernel's OPAQUE_ROWS). d 160 runs the 192
 # kernel (0.92/0.97x FA2, bf16 n 4096 non-causal/causal; its own atomics kernel: 0.90/0.92x).
 # d 256: one row-block buffer, loaded during the dQ product, is what lets the bulk path fit
 # without spilling (0.86/0.88x FA2 with the atomics -> 1.04/1.10x); d 224 runs that kernel
 # (1.17/1.18x; its own 4/4/4 bulk kernel 1.16/1.16x, the atomics 1.02/1.05x). PERFORMANCE.md
 # has the measurements.
 _BACKWARD_CONFIGS_BULK = {
-    64: [(64, 128, 128, 8, 2, 4, 4, 2, 1)],
+    64: [(64, 128, 128, 8, 4, 4, 4, 2, 1)],
     160: [(192, 64, 64, 8, 4, 2, 2, 1, 1)],
     192: [(192, 64, 64, 8, 4, 2, 2, 1, 1)],
     224: [(256, 64, 64, 8, 4, 2, 2, 1, 1)],

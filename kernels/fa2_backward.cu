@@ -234,7 +234,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     constexpr bool by_head = ORDERED && !CAUSAL;
     const int head = by_head ? blockIdx.x : blockIdx.y, nheads = by_head ? gridDim.x : gridDim.y;
     const int batch = by_head ? blockIdx.y : blockIdx.z, nbatch = gridDim.z;
-    const int head_k = head / group;
+    // kv head head / group: computed where K_j, V_j are loaded, not held through the loop
     const int chunks = d / 8;
     const int T_c = (seqlen_k + B_c - 1) / B_c;
 
@@ -249,6 +249,11 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     // compiler hoists them out of the loop; at HD > 128 they are rebuilt from an opaque copy of
     // the lane index (a few integer ops per phase), so that only the two a phase uses are live.
     constexpr bool REBUILD = HD > 128;
+    // d 64 in layout 4/4/4 runs at 255 registers: there the row-block indices (loader, buffer
+    // parity, mask test) also come from opaque copies; otherwise ptxas derives them from values
+    // it then holds through the loop, and spills 4-16 bytes of them.
+    constexpr bool OPAQUE_ROWS = HD == 64 && WM_SDP == 4;
+    auto rows_opaque = [&](int x) { return OPAQUE_ROWS ? opaque(x) : x; };
     auto lane_id = [&]() { return REBUILD ? opaque(lane) : lane; };
     // A from a row-major tile, or B (.trans) from a [k][n] tile
     auto rows_first = [&](auto cols, unsigned tile, int chunk_offset) {
@@ -269,9 +274,10 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     // instead of ~10 registers held across the loop.
     constexpr int ROW_QLD = 1, ROW_DO = 2, ROW_ALL = ROW_QLD | ROW_DO;
     auto load_row_block = [&](int i, int buf, int parts) {
-        const int row0 = i * B_r, t = REBUILD ? opaque(tid) : tid;
-        const long long b = REBUILD ? opaque(batch) : batch;
-        const long long h = REBUILD ? opaque(head) : head;
+        constexpr bool OPQ = REBUILD || OPAQUE_ROWS;
+        const int row0 = rows_opaque(i) * B_r, t = OPQ ? opaque(tid) : tid;
+        const long long b = OPQ ? opaque(batch) : batch;
+        const long long h = OPQ ? opaque(head) : head;
         if (parts & ROW_QLD)
             load_tile_async<B_r, PITCH, NTHREADS>(
                 sQ + buf * B_r * PITCH, Q + b * q_stride_b + h * q_stride_h + row0 * q_stride_s,
@@ -357,7 +363,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         __syncthreads();  // the previous column block is done with every buffer
         if (rb.begin < rb.end) {
             // K_j, V_j and the first row block in one cp.async group.
-            const long long b = opaque(batch), hk = opaque(head_k);
+            const long long b = opaque(batch), hk = opaque(head) / group;
             load_tile_async<B_c, PITCH, NTHREADS>(
                 sK, K + b * k_stride_b + hk * k_stride_h + col0 * k_stride_s, k_stride_s,
                 seqlen_k - col0, chunks, opaque(tid));
@@ -585,7 +591,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         };
 
         for (int i = rb.begin; i < rb.end; ++i) {
-            const int buf = QSTAGES == 2 ? (i - rb.begin) & 1 : 0;
+            const int buf = QSTAGES == 2 ? (i - rows_opaque(rb.begin)) & 1 : 0;
             if (i > rb.begin) await_turn(i - 1, j);  // (ORDERED)
             cp_async_wait<0>();
             // Row block i (and K_j, V_j) are in shared memory, and every warp is done with
@@ -598,7 +604,8 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                 load_row_block(i + 1, buf ^ 1, ROW_QLD);
                 cp_async_commit();
             }
-            if (block_needs_mask<B_r, B_c, CAUSAL>(i, j, seqlen_q, seqlen_k) ||
+            if (block_needs_mask<B_r, B_c, CAUSAL>(i, j, rows_opaque(seqlen_q),
+                                                   rows_opaque(seqlen_k)) ||
                 (i + 1) * B_r > seqlen_q)
                 step(i, buf, Bool<true>{});
             else
@@ -613,7 +620,9 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         }
 
         // ---- epilogue: dK_j = scale * dK_j, dV_j, written straight from registers ----------
-        const long long out_head = opaque(expanded ? head : head_k);
+        // dK_j, dV_j of query head `head`: with expanded slices one per query head; without,
+        // group == 1 and the kv head is the query head.
+        const long long out_head = opaque(head);
         const int l_e = opaque(lane), w_e = opaque(warp);
         const int kv_m_e = w_e % WM_DKV, kv_n_e = w_e / WM_DKV;
 #pragma unroll
