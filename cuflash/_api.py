@@ -525,5 +525,7 @@ def _has_bulk_copy(cupy, device_id: int) -> bool:
 
 
 def _set_smem(kernel, nbytes: int) -> None:
-    if nbytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < nbytes:
+    # The default limit is 48 KB less the kernel's static shared memory, so a tile of exactly
+    # 48 KB beside a few static bytes needs it raised too.
+    if kernel.max_dynamic_shared_size_bytes < nbytes:
         kernel.max_dynamic_shared_size_bytes = nbytes
