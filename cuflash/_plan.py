@@ -86,10 +86,11 @@ def forward_configs(HD: int, causal: bool,
 # Short key sequences: (seqlen_k limit non-causal, causal) up to which head-dim bucket HD takes
 # its shape with two K/V stages (a row block then visits few column blocks, and prefetching the
 # next pair hides more of each block's start). d 64, bf16 and fp16 on the H200: non-causal
-# +1-5% at seqlen 512, mixed at 1024 and 2-6% slower from 2048; causal +4-7% at 512-1024,
-# +2% at 2048, equal at 4096 (PERFORMANCE.md).
+# +1-5% at seqlen 512, +1-1.6% at 1024 (two runs of the seventh round; mixed in the fifth),
+# 1-6% slower from 2048; causal +4-7% at 512-1024, +2% at 2048, +0-1% at 4096
+# (PERFORMANCE.md).
 _FORWARD_SHORT_KV2 = {
-    64: (512, 2048),
+    64: (1024, 4096),
 }
 
 

@@ -142,10 +142,10 @@ def test_backward_tile_pitch():
 
 
 def test_forward_shapes_by_key_length_and_gpu_class():
-    """d 64 takes two K/V stages for short key sequences (non-causal <= 512, causal <= 2048);
+    """d 64 takes two K/V stages for short key sequences (non-causal <= 1024, causal <= 4096);
     d 128 non-causal takes 32 rows per warp on the 227 KB (sm_90) class only; every shape the
     planner can pick is in the compile check's list for its class."""
-    for n, causal, stages in [(512, False, 2), (513, False, 1), (2048, True, 2), (2049, True, 1),
+    for n, causal, stages in [(1024, False, 2), (1025, False, 1), (4096, True, 2), (4097, True, 1),
                               (None, False, 1), (None, True, 1)]:
         assert _plan.forward_config(64, causal, seqlen_k=n).kv_stages == stages
     assert not _plan.forward_short(128, False, 16)
