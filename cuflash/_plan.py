@@ -68,9 +68,12 @@ _FORWARD_CONFIGS = {
 # compile check builds them as sm_90). d 128 non-causal, 128x64x4 with two K/V stages (32 rows
 # per warp, as FlashAttention-2's d 128 forward): spill-free as sm_90 (the kernel's LEAN
 # state), but ptxas spills 16-24 bytes of it as sm_80, where 64x128x4 stays. Causal: 64x128x4
-# measured faster on the H200.
+# measured faster on the H200. d 96: 64x128x4 with two K/V stages (108 KB, one block per SM
+# on 163 KB GPUs, so only here): +2-6% at seqlen 4k-16k over 128x64x4, both masks, bf16 and
+# fp16, equal at 1k (PERFORMANCE.md, seventh round).
 SM90_SMEM = 227 * 1024
 _FORWARD_CONFIGS_SM90 = {
+    96: ([(64, 128, 4, 2)], [(64, 128, 4, 2)]),
     128: ([(128, 64, 4, 2)], []),
 }
 
