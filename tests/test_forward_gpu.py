@@ -132,6 +132,19 @@ def test_large_magnitude_inputs_stay_finite(dt, d):
 
 
 @pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_row_maxima_rising_across_key_blocks(dt, causal):
+    """Keys scaled up every 128 positions: each such jump lifts the row maxima by far more than
+    2^8 in P~ and the keys between jumps by much less, so the lazy rescaling of the d 128 tile
+    (sm_90, non-causal) both moves m_i and keeps it, within one row block."""
+    q, k, v = make_qkv((2, 1024, 4, 128), (2, 1024, 4, 128), DTYPES[dt], False, 1.5)
+    ramp = (1.0 + 2.0 * (cp.arange(1024) // 128)).astype(cp.float32)[None, :, None, None]
+    k = (k.astype(cp.float32) * ramp).astype(k.dtype)
+    out, lse, _ = run_and_check(q, k, v, causal)
+    assert bool(cp.isfinite(lse).all())
+
+
+@pytest.mark.parametrize("dt", DTYPES)
 def test_fully_masked_rows(dt):
     """seqlen_q > seqlen_k with a bottom-right causal mask: the first rows see no key."""
     q, k, v = make_qkv((2, 300, 4, 64), (2, 100, 4, 64), DTYPES[dt], False)
