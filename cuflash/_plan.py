@@ -267,7 +267,7 @@ _BACKWARD_CONFIGS = {
 # with two, then one dQ tile; above, those variants spill registers (8-48 bytes), so only the
 # spill-free ones listed here are used, then the atomics. d 64: one dQ tile, not two (+2-3% at
 # seqlen 4k-16k, bf16 and fp16; at d 128 the two measured the same), and layout 4/4/4 (four
-# warps along the rows of S and dP, as FlashAttention-2 has it) rather than 2/4/4: +1-6% at
+# warps along the rows of S and dP, as FlashAttention-2 has it) rather than 2/4/4: +0.4-6% at
 # every seqlen, both masks (spill-free only with the kernel's OPAQUE_ROWS). d 160 runs the 192
 # kernel (0.92/0.97x FA2, bf16 n 4096 non-causal/causal; its own atomics kernel: 0.90/0.92x).
 # d 256: one row-block buffer, loaded during the dQ product, is what lets the bulk path fit
