@@ -11,6 +11,7 @@
 //       O~_i   = diag(e^(m_i - m_new)) O~_i + P~_ij V_j  (P~ stays in registers: A operand)
 //       m_i    = m_new
 //   and at the end  O_i = diag(l_i)^-1 O~_i,  L_i = m_i + log(l_i)  (written to HBM once).
+//   (LEAN tiles keep m_i until m_new passes it by more than 2^8 in P~: LAZY_RESCALE.)
 //
 // Work split inside a block (FlashAttention-2's "split Q"): each of the NWARPS warps owns
 // B_r / NWARPS rows of Q_i and reads all of K_j, V_j, so the softmax statistics of a row never
@@ -20,7 +21,8 @@
 //   1: K_j and V_j each have one shared-memory buffer. V_j is fetched (cp.async) while S_ij is
 //      computed, K_{j+1} while O~_i += P~_ij V_j is computed; two barriers per step.
 //   2: two buffers each. K_{j+1} and V_{j+1} are fetched at the start of step j, when only O~_i
-//      holds registers, and land during the whole step; one barrier per step.
+//      holds registers, and land during the whole step; one barrier per step (SPLIT_V0 tiles:
+//      one more in the first step, which waits for V_j only before P~V).
 //
 // Variants (template parameters; cuflash/_plan.py picks them):
 //   T       fp16 | bf16                      element type of Q, K, V, O
@@ -165,7 +167,8 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     auto end = [&] { return LEAN ? ld_shared_s32(smem_u32(s_bounds + 1)) : cb.end; };
 
     // Q_i: HBM -> shared, with K_{begin} in the same cp.async group.
-    // With two K/V stages, V_{begin} joins them: step j only waits for what step j - 1 issued.
+    // With two K/V stages, V_{begin} joins them (step j only waits for what step j - 1 issued),
+    // except on SPLIT_V0 tiles, where it is a group of its own.
     load_tile_async<B_r, HD, NTHREADS, MT == 1>(sQ, q, q_stride_s, seqlen_q - row0, chunks,
                                                 tid);
     // Column block j uses K/V buffer j % KV_STAGES.
