@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from functools import lru_cache
 
@@ -56,7 +57,7 @@ def _check_layout(name: str, x) -> None:
 
 def _check_device(cupy, arrays: dict) -> int:
     """The id of the one GPU holding every array; it must be sm_80 or newer."""
-    device_id = _common_device({name: a.device.id for name, a in arrays.items()})
+    device_id = _common_device({name: a.data.device_id for name, a in arrays.items()})
     if device_id not in _capable_devices:  # (a device's capability never changes)
         _check_capability(device_id, int(cupy.cuda.Device(device_id).compute_capability))
         _capable_devices.add(device_id)
@@ -91,20 +92,26 @@ def _rows_aligned(shape, strides, itemsize) -> bool:
     return all((s // itemsize) % 8 == 0 for s, n in zip(strides[:-1], shape[:-1]) if n > 1)
 
 
-def _check_shapes(q, k, v) -> None:
+def _check_shapes(q, k, v) -> tuple:
     """Every check that needs only shapes, dtypes and strides (no GPU). Layouts that passed
-    once are remembered: training loops call with the same few layouts every step."""
+    once are remembered, with what the launches derive from them: training loops call with
+    the same few layouts every step. Returns (strides, rows_aligned): the (batch, seq, head)
+    strides of q, k, v in elements (9 ints) and whether every row of all three starts on a
+    16-byte boundary when the array itself does."""
     key = (q.shape, k.shape, v.shape, q.strides, k.strides, v.strides, q.dtype, k.dtype,
            v.dtype)
-    if key in _layouts_ok:
-        return
-    _check_shapes_uncached(q, k, v)
-    if len(_layouts_ok) > 1024:
-        _layouts_ok.clear()
-    _layouts_ok.add(key)
+    derived = _layouts_ok.get(key)
+    if derived is None:
+        _check_shapes_uncached(q, k, v)
+        derived = (_strides(q) + _strides(k) + _strides(v),
+                   all(_rows_aligned(x.shape, x.strides, x.itemsize) for x in (q, k, v)))
+        if len(_layouts_ok) > 1024:
+            _layouts_ok.clear()
+        _layouts_ok[key] = derived
+    return derived
 
 
-_layouts_ok: set = set()
+_layouts_ok: dict = {}
 
 
 def _check_shapes_uncached(q, k, v) -> None:
@@ -147,12 +154,34 @@ def _check_given(cupy, name, x, shape, dtype, q, contiguous=False) -> None:
 
 
 def _check_qkv(q, k, v):
+    """(cupy, device id, (strides, rows_aligned) as _check_shapes returns them)."""
     cupy = _cupy()
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_type(cupy, name, x)
-    _check_shapes(q, k, v)
-    device_id = _check_device(cupy, {"q": q, "k": k, "v": v})
-    return cupy, device_id
+    layout = _check_shapes(q, k, v)
+    device_id = q.data.device_id
+    if not device_id == k.data.device_id == v.data.device_id or device_id not in _capable_devices:
+        device_id = _check_device(cupy, {"q": q, "k": k, "v": v})
+    return cupy, device_id, layout
+
+
+def _aligned_qkv(cupy, q, k, v, layout) -> tuple:
+    """q, k, v with 16-byte aligned rows (see _aligned) and their strides (9 ints)."""
+    strides, rows_aligned = layout
+    if rows_aligned and (q.data.ptr | k.data.ptr | v.data.ptr) % 16 == 0:
+        return q, k, v, strides
+    q, k, v = (_aligned(cupy, x) for x in (q, k, v))
+    return q, k, v, _strides(q) + _strides(k) + _strides(v)
+
+
+def _on_device(cupy, device_id: int):
+    """A context making device_id the current device: none at all (no CUDA calls on entry and
+    exit) when it already is."""
+    return _SAME_DEVICE if cupy.cuda.runtime.getDevice() == device_id \
+        else cupy.cuda.Device(device_id)
+
+
+_SAME_DEVICE = contextlib.nullcontext()
 
 
 def _softmax_scale(softmax_scale, d: int) -> float:
@@ -204,27 +233,29 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
     """
     if algorithm not in ("fa2", "fa1"):
         raise ValueError(f"algorithm must be 'fa2' or 'fa1', got {algorithm!r}")
-    cupy, device_id = _check_qkv(q, k, v)
+    cupy, device_id, layout = _check_qkv(q, k, v)
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     scale = _softmax_scale(softmax_scale, d)
 
-    with cupy.cuda.Device(device_id):
+    with _on_device(cupy, device_id):
         if out is None:
             out = cupy.empty(q.shape, dtype=q.dtype)
+            out_strides = (seqlen_q * nheads * d, nheads * d, d)
         else:
             _check_given(cupy, "out", out, q.shape, q.dtype, q)
             _check_layout("out", out)
             if _aligned(cupy, out) is not out:
                 raise ValueError("out must start on a 16-byte boundary with strides that are "
                                  "multiples of 8 elements")
+            out_strides = _strides(out)
         if lse is None:
             lse = cupy.empty((batch, nheads, seqlen_q), dtype=cupy.float32)
         else:
             _check_given(cupy, "lse", lse, (batch, nheads, seqlen_q), np.float32, q, True)
         if out.size == 0:
             return out, lse
-        q, k, v = (_aligned(cupy, x) for x in (q, k, v))
+        q, k, v, qkv_strides = _aligned_qkv(cupy, q, k, v, layout)
         HD = _plan.head_dim_bucket(d)
         if algorithm == "fa1":
             _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose)
@@ -240,20 +271,23 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
             kernel = _loader.get_kernel(
                 _plan.FORWARD_FILE, _plan.forward_kernel_name(_dtype_name(q.dtype), cfg, causal))
             _set_smem(kernel, cfg.smem_bytes)
-            launch = _forward_launches[key] = (cfg, kernel)
+            launch = _forward_launches[key] = (cfg, _loader.PackedLaunch(kernel, _FORWARD_ARGS))
         cfg, kernel = launch
         grid = ((seqlen_q + cfg.B_r - 1) // cfg.B_r, nheads, batch)
         if verbose:
             print(f"FA2 plan: B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.nwarps} warps, grid "
                   f"{grid} (row blocks, heads, batch), {cfg.smem_bytes} bytes of shared memory")
-        kernel(grid, (cfg.threads,),
-               (q, k, v, out, lse,
-                np.int32(seqlen_q), np.int32(seqlen_k), np.int32(d),
-                np.int32(nheads // nheads_k),
-                *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-                np.float32(scale), np.float32(scale * math.log2(math.e))),
-               shared_mem=cfg.smem_bytes)
+        kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr,
+               q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr,
+               seqlen_q, seqlen_k, d, nheads // nheads_k, *qkv_strides, *out_strides,
+               scale, scale * _LOG2E)
     return out, lse
+
+
+# fa2_forward's parameters (PackedLaunch letters): Q, K, V, O, L; seqlen_q, seqlen_k, d, group;
+# (batch, seq, head) strides of Q, K, V, O; softmax_scale, scale_log2.
+_FORWARD_ARGS = "PPPPP" + "iiii" + "qqq" * 4 + "ff"
+_LOG2E = math.log2(math.e)
 
 
 _forward_launches: dict = {}
@@ -354,7 +388,7 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
     dq, dk, dv : cupy.ndarrays shaped like q, k, v, in their dtype. With GQA/MQA, dk and dv are
         summed over the query heads that share each key/value head.
     """
-    cupy, device_id = _check_qkv(q, k, v)
+    cupy, device_id, layout = _check_qkv(q, k, v)
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     group = nheads // nheads_k
@@ -364,7 +398,7 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
     _check_given(cupy, "lse", lse, (batch, nheads, seqlen_q), np.float32, q, True)
     scale = _softmax_scale(softmax_scale, d)
 
-    with cupy.cuda.Device(device_id):
+    with _on_device(cupy, device_id):
         grads = []
         for name, x, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
             if x is None:
@@ -377,7 +411,8 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
             for g in grads:  # no query or no key: every gradient is zero
                 g.fill(0)
             return dq, dk, dv
-        q, k, v, dout, out = (_aligned(cupy, x) for x in (q, k, v, dout, out))
+        q, k, v, qkv_strides = _aligned_qkv(cupy, q, k, v, layout)
+        dout, out = _aligned(cupy, dout), _aligned(cupy, out)
         # The tile shape and the three compiled kernels, looked up once per configuration.
         key = (device_id, q.dtype, d, bool(causal), bool(deterministic), _config)
         launch = _backward_launches.get(key)
@@ -390,19 +425,22 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
             main = _loader.get_kernel(_plan.BACKWARD_FILE,
                                       _plan.backward_kernel_name(dtype_name, cfg, causal, ordered))
             _set_smem(main, cfg.smem_bytes)
+            pre = _loader.get_kernel(_plan.BACKWARD_FILE,
+                                     _plan.backward_preprocess_name(dtype_name))
+            fin = _loader.get_kernel(_plan.BACKWARD_FILE, _plan.backward_dq_name(dtype_name, cfg))
             launch = _backward_launches[key] = (
-                cfg, ordered, _loader.get_kernel(_plan.BACKWARD_FILE,
-                                                 _plan.backward_preprocess_name(dtype_name)),
-                main, _loader.get_kernel(_plan.BACKWARD_FILE,
-                                         _plan.backward_dq_name(dtype_name, cfg)))
+                cfg, ordered, _loader.PackedLaunch(pre, _PREPROCESS_ARGS),
+                _loader.PackedLaunch(main, _BACKWARD_ARGS),
+                _loader.PackedLaunch(fin, _DQ_BULK_ARGS if cfg.dq_bulk else _DQ_ARGS))
         cfg, ordered, pre, main, fin = launch
+        stream = cupy.cuda.get_current_stream().ptr
 
         # 1. D = rowsum(dO ∘ O), float32 (batch, heads, seqlen_q)
         Dsum = cupy.empty((batch, nheads, seqlen_q), dtype=cupy.float32)
         lanes = 1 << max(0, (d // 8 - 1).bit_length())  # lanes per row: pow2 >= d / 8
-        pre(((seqlen_q + 128 // lanes - 1) // (128 // lanes), nheads, batch), (128,),
-            (out, dout, Dsum, np.int32(seqlen_q), np.int32(d), np.int32(lanes),
-             *_strides(out), *_strides(dout)))
+        pre(((seqlen_q + 128 // lanes - 1) // (128 // lanes), nheads, batch), 128, 0, stream,
+            out.data.ptr, dout.data.ptr, Dsum.data.ptr, seqlen_q, d, lanes,
+            *_strides(out), *_strides(dout))
 
         # 2. dK, dV per column block; dQ accumulated in float32
         # float32 dQ sums; with dq_bulk in whole row blocks, in the kernel's fragment order.
@@ -417,32 +455,29 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
                                        rows, causal) if split else 1
         alloc = cupy.empty if ordered else cupy.zeros
         dq_accum = alloc((splits, batch, nheads, rows, cfg.HD), dtype=cupy.float32)
-        dq_order = cupy.zeros((batch, nheads, T_r), dtype=cupy.int32) if ordered \
-            else np.uint64(0)  # a null pointer: not read
+        dq_order = cupy.zeros((batch, nheads, T_r), dtype=cupy.int32) if ordered else None
         if group > 1:  # one float32 slice per query head, summed over each group below
             dk_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
             dv_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
         else:
             dk_buf, dv_buf = dk, dv
         main(_backward_grid(T_c, nheads, batch, causal, ordered, splits if split else 0),
-             (cfg.threads,),
-             (q, k, v, dout, lse, Dsum, dq_accum, dq_order, dk_buf, dv_buf,
-              np.int32(bool(deterministic)), np.int32(group > 1),
-              np.int32(seqlen_q), np.int32(seqlen_k), np.int32(d), np.int32(group),
-              *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk_buf),
-              np.float32(scale), np.float32(scale * math.log2(math.e))),
-             shared_mem=cfg.smem_bytes)
+             cfg.threads, cfg.smem_bytes, stream,
+             q.data.ptr, k.data.ptr, v.data.ptr, dout.data.ptr, lse.data.ptr, Dsum.data.ptr,
+             dq_accum.data.ptr, 0 if dq_order is None else dq_order.data.ptr,  # (0: not read)
+             dk_buf.data.ptr, dv_buf.data.ptr, int(bool(deterministic)), int(group > 1),
+             seqlen_q, seqlen_k, d, group, *qkv_strides, *_strides(dout), *_strides(dk_buf),
+             scale, scale * _LOG2E)
 
         # 3. dQ = scale * sum of the slices, in the input dtype
         if cfg.dq_bulk:  # one thread per 4 floats
-            fin(((T_r * cfg.B_r * cfg.HD // 4 + 127) // 128, nheads, batch), (128,),
-                (dq_accum, dq, np.int32(bool(deterministic)),
-                 np.int32(bool(causal)), np.int32(seqlen_q), np.int32(seqlen_k), np.int32(d),
-                 *_strides(dq), np.float32(scale)))
+            fin(((T_r * cfg.B_r * cfg.HD // 4 + 127) // 128, nheads, batch), 128, 0, stream,
+                dq_accum.data.ptr, dq.data.ptr, int(bool(deterministic)), int(bool(causal)),
+                seqlen_q, seqlen_k, d, *_strides(dq), scale)
         else:  # one thread per 8 elements of a row
-            fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), (128,),
-                (dq_accum, dq, np.int32(splits), np.int32(seqlen_q), np.int32(d),
-                 np.int32(cfg.HD), *_strides(dq), np.float32(scale)))
+            fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), 128, 0, stream,
+                dq_accum.data.ptr, dq.data.ptr, splits, seqlen_q, d, cfg.HD, *_strides(dq),
+                scale)
         if group > 1:
             for buf, g in ((dk_buf, dk), (dv_buf, dv)):
                 g[...] = buf.reshape(batch, seqlen_k, nheads_k, group, d).sum(axis=3)
@@ -450,6 +485,16 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
 
 
 _backward_launches: dict = {}
+# The backward kernels' parameters (PackedLaunch letters; fa2_backward.cu):
+# fa2_backward_preprocess: O, dO, Dsum; seqlen_q, d, G; strides of O, dO.
+_PREPROCESS_ARGS = "PPP" + "iii" + "qqq" * 2
+# fa2_backward: Q, K, V, dO, L, Dsum, dQ_accum, dQ_order, dK, dV; deterministic, expanded,
+# seqlen_q, seqlen_k, d, group; strides of Q, K, V, dO, dK (and dV); softmax_scale, scale_log2.
+_BACKWARD_ARGS = "P" * 10 + "ii" + "iiii" + "qqq" * 5 + "ff"
+# fa2_backward_dq_bulk: dQ_accum, dQ; deterministic, causal, seqlen_q, seqlen_k, d; dQ strides;
+# softmax_scale. fa2_backward_dq: dQ_accum, dQ; splits, seqlen_q, d, hd; dQ strides; scale.
+_DQ_BULK_ARGS = "PP" + "iiiii" + "qqq" + "f"
+_DQ_ARGS = "PP" + "iiii" + "qqq" + "f"
 
 
 def _backward_grid(T_c: int, nheads: int, batch: int, causal: bool, ordered: bool,

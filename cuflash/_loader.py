@@ -15,8 +15,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import re
+import struct
 import threading
 from functools import lru_cache
 from pathlib import Path
@@ -29,6 +31,8 @@ __all__ = [
     "source_digest",
     "get_kernel",
     "first_error_location",
+    "ArgSlots",
+    "PackedLaunch",
 ]
 
 # Options shared by NVRTC (run time) and nvcc (the CPU compile check).
@@ -146,3 +150,63 @@ def get_kernel(filename: str, name_expression: str, options: tuple = ()):
                     f"compiler log below)\n{log}", log) from None
             _cache[key] = kernel
     return kernel
+
+
+# One 8-byte slot per kernel parameter (cuLaunchKernel takes a pointer to each value, so the
+# slots need not follow the parameter struct's layout): struct codes per signature letter.
+_SLOTS = {"P": "Q", "i": "i4x", "q": "q", "f": "f4x"}
+
+
+class ArgSlots:
+    """A kernel's argument buffer: ``signature`` has one letter per kernel parameter, in order:
+    ``P`` pointer (an int device address, 0 for null), ``i`` int32, ``q`` int64, ``f`` float32.
+    ``pack(*args)`` writes them; ``params`` is the ``void**`` cuLaunchKernel reads them from."""
+
+    def __init__(self, signature: str):
+        self.fmt = "<" + "".join(_SLOTS[c] for c in signature)
+        n = len(signature)
+        self.buf = bytearray(8 * n)
+        base = ctypes.addressof((ctypes.c_char * (8 * n)).from_buffer(self.buf))
+        self.slots = (ctypes.c_void_p * n)(*(base + 8 * i for i in range(n)))
+        self.params = ctypes.addressof(self.slots)
+
+    def pack(self, *args) -> None:
+        struct.pack_into(self.fmt, self.buf, 0, *args)
+
+
+class PackedLaunch:
+    """A kernel launched through ``cuLaunchKernel`` from one packed argument buffer (ArgSlots).
+
+    CuPy's ``RawKernel.__call__`` turns every argument into a C value object on each call
+    (about 15 us for the forward's 24 arguments, host time that counts in every call's latency);
+    here one ``struct.pack_into`` fills a buffer whose slot addresses were computed once.
+
+    Build it with the kernel's device current, and call it with that device current: it launches
+    in that device's primary context, on the stream whose handle is passed. Thread-safe.
+    """
+
+    def __init__(self, kernel, signature: str):
+        from cupy.cuda import driver, runtime
+
+        self.kernel = kernel
+        self._launch = driver.launchKernel
+        self._current_context = driver.ctxGetCurrent
+        self._set_device = runtime.setDevice
+        self._func = kernel.kernel.ptr  # the CUfunction of the current device (loads it there)
+        self._device = runtime.getDevice()
+        self._context = driver.ctxGetCurrent()  # that device's primary context
+        self._args = ArgSlots(signature)
+        self._lock = threading.Lock()  # one buffer: one launch at a time fills it
+
+    def __call__(self, grid, block: int, shared_mem: int, stream: int, *args) -> None:
+        if self._current_context() != self._context:
+            # A thread that has made no CUDA runtime call yet has no context current (the
+            # runtime binds the device's primary context lazily, and CuPy's memory pool may
+            # have served every allocation so far): cudaSetDevice binds it. The caller has
+            # made this device current already, so the thread's device does not change.
+            self._set_device(self._device)
+        a = self._args
+        with self._lock:
+            struct.pack_into(a.fmt, a.buf, 0, *args)
+            self._launch(self._func, grid[0], grid[1], grid[2], block, 1, 1, shared_mem, stream,
+                         a.params, 0)

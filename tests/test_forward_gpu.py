@@ -199,6 +199,26 @@ def test_repeatable_bitwise():
             assert bool((a == b).all()) and bool((la == lb).all())
 
 
+def test_concurrent_calls_from_host_threads():
+    """Launches from several host threads at once: each kernel's packed argument buffer is
+    shared (PackedLaunch, guarded by a lock), so a race would launch one thread's problem with
+    another's pointers or sizes. Every thread must get exactly its own answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    problems = [make_qkv((2, 100 + 37 * i, 4, 64), (2, 150 + 41 * i, 2, 64), np.float16, i % 2)
+                for i in range(6)]
+    expected = [cuflash.forward(*p, causal=True) for p in problems]
+
+    def run(i):
+        for _ in range(25):
+            out, lse = cuflash.forward(*problems[i], causal=True)
+        cp.cuda.get_current_stream().synchronize()
+        return (bool((out == expected[i][0]).all()) and bool((lse == expected[i][1]).all()))
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        assert all(pool.map(run, range(6)))
+
+
 def test_runs_on_current_stream():
     q, k, v = make_qkv((2, 333, 4, 64), (2, 333, 4, 64), ml_dtypes.bfloat16, False)
     stream = cp.cuda.Stream(non_blocking=True)
