@@ -380,7 +380,7 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
     causal, softmax_scale : as given to the forward
     deterministic : bool
         Bitwise-identical gradients on every run (dQ is summed in a fixed order instead of by
-        racing atomics); 0.95-1.13x the default's time on the H200, see PERFORMANCE.md.
+        racing atomics); 0.97-1.14x the default's time on the H200, see PERFORMANCE.md.
     dq, dk, dv : optional preallocated C-contiguous outputs
 
     Returns
