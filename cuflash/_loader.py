@@ -188,7 +188,7 @@ class PackedLaunch:
     def __init__(self, kernel, signature: str):
         from cupy.cuda import driver, runtime
 
-        self.kernel = kernel
+        self.kernel = kernel  # (holds the module that the CUfunction below belongs to)
         self._launch = driver.launchKernel
         self._current_context = driver.ctxGetCurrent
         self._set_device = runtime.setDevice
@@ -205,8 +205,7 @@ class PackedLaunch:
             # have served every allocation so far): cudaSetDevice binds it. The caller has
             # made this device current already, so the thread's device does not change.
             self._set_device(self._device)
-        a = self._args
         with self._lock:
-            struct.pack_into(a.fmt, a.buf, 0, *args)
+            self._args.pack(*args)
             self._launch(self._func, grid[0], grid[1], grid[2], block, 1, 1, shared_mem, stream,
-                         a.params, 0)
+                         self._args.params, 0)
