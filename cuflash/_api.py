@@ -413,6 +413,7 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
             return dq, dk, dv
         q, k, v, qkv_strides = _aligned_qkv(cupy, q, k, v, layout)
         dout, out = _aligned(cupy, dout), _aligned(cupy, out)
+        dout_strides = _strides(dout)  # (read by the preprocess and the main kernel)
         # The tile shape and the three compiled kernels, looked up once per configuration.
         key = (device_id, q.dtype, d, bool(causal), bool(deterministic), _config)
         launch = _backward_launches.get(key)
@@ -440,7 +441,7 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
         lanes = 1 << max(0, (d // 8 - 1).bit_length())  # lanes per row: pow2 >= d / 8
         pre(((seqlen_q + 128 // lanes - 1) // (128 // lanes), nheads, batch), 128, 0, stream,
             out.data.ptr, dout.data.ptr, Dsum.data.ptr, seqlen_q, d, lanes,
-            *_strides(out), *_strides(dout))
+            *_strides(out), *dout_strides)
 
         # 2. dK, dV per column block; dQ accumulated in float32
         # float32 dQ sums; with dq_bulk in whole row blocks, in the kernel's fragment order.
@@ -466,7 +467,7 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
              q.data.ptr, k.data.ptr, v.data.ptr, dout.data.ptr, lse.data.ptr, Dsum.data.ptr,
              dq_accum.data.ptr, 0 if dq_order is None else dq_order.data.ptr,  # (0: not read)
              dk_buf.data.ptr, dv_buf.data.ptr, int(bool(deterministic)), int(group > 1),
-             seqlen_q, seqlen_k, d, group, *qkv_strides, *_strides(dout), *_strides(dk_buf),
+             seqlen_q, seqlen_k, d, group, *qkv_strides, *dout_strides, *_strides(dk_buf),
              scale, scale * _LOG2E)
 
         # 3. dQ = scale * sum of the slices, in the input dtype
