@@ -83,7 +83,7 @@ def attention_naive(q, k, v, causal=False, softmax_scale=None):
     m_safe = xp.where(xp.isfinite(m), m, 0.0)
     E = xp.exp(S - m_safe)                                        # e^(S - m), 0 where masked
     l = E.sum(axis=-1, keepdims=True)                             # l = rowsum(e^(S - m))
-    has_keys = l > 0
+    has_keys = l != 0  # (NaN in Q or K: l = NaN, and O, L stay NaN)
     P = E / xp.where(has_keys, l, 1.0)                            # P = softmax(S); 0 if no key
     O = P @ V                                                     # O = P V
     L = xp.where(has_keys, m_safe + xp.log(xp.where(has_keys, l, 1.0)), -xp.inf)[..., 0]
@@ -113,7 +113,7 @@ def attention_naive_same_dtype(q, k, v, causal=False, softmax_scale=None):
         m = xp.zeros(S.shape[:-1] + (1,), xp.float32)
     E = xp.exp(S - xp.where(xp.isfinite(m), m, 0))
     l = E.sum(axis=-1, keepdims=True)
-    P = (E / xp.where(l > 0, l, 1)).astype(dt).astype(xp.float32)
+    P = (E / xp.where(l != 0, l, 1)).astype(dt).astype(xp.float32)
     return (P @ V).astype(dt).transpose(0, 2, 1, 3)
 
 
@@ -187,10 +187,10 @@ def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
             l_i = alpha * l_i + P_ij.sum(axis=-1)                     # l = e^(..) l + rowsum P~
             O_i = alpha[..., None] * O_i + P_ij @ V[:, :, cols]       # O~ = diag(..) O~ + P~ V_j
             m_i = m_new
-        inv_l = np.divide(1.0, l_i, out=np.zeros_like(l_i), where=l_i > 0)
+        inv_l = np.divide(1.0, l_i, out=np.zeros_like(l_i), where=l_i != 0)
         O[:, :, rows] = inv_l[..., None] * O_i                         # O_i = diag(l)^-1 O~_i
         with np.errstate(divide="ignore"):
-            L[:, :, rows] = np.where(l_i > 0, m_i * scale + np.log(l_i), -np.inf)  # L = m + log l
+            L[:, :, rows] = np.where(l_i != 0, m_i * scale + np.log(l_i), -np.inf)  # L = m + log l
     return O.transpose(0, 2, 1, 3), L
 
 
@@ -218,7 +218,7 @@ def _probabilities(xp, Q, K, causal, scale, round_to=None):
         m = xp.zeros(S.shape[:-1] + (1,), S.dtype)
     E = xp.exp(S - xp.where(xp.isfinite(m), m, 0))
     l = E.sum(axis=-1, keepdims=True)
-    P = E / xp.where(l > 0, l, 1)
+    P = E / xp.where(l != 0, l, 1)
     if round_to is not None:
         P = P.astype(round_to).astype(xp.float32)
     return P
@@ -371,10 +371,10 @@ def attention_fa1_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
             alpha = l_i * np.exp(m_i - m_safe)                             # l_i e^(m_i - m_new)
             beta = np.exp(m_t - m_safe)                                    # e^(m~ - m_new)
             l_new = alpha + beta * l_t                                     # l_new
-            inv = np.divide(1.0, l_new, out=np.zeros_like(l_new), where=l_new > 0)
+            inv = np.divide(1.0, l_new, out=np.zeros_like(l_new), where=l_new != 0)
             O[:, :, rows] = inv[..., None] * (alpha[..., None] * O_i       # O_i = diag(l_new)^-1
                                               + beta[..., None] * (P_t @ V_j))  # (...)
             l[:, :, rows], m[:, :, rows] = l_new, m_new                    # write back to HBM
     with np.errstate(divide="ignore"):
-        L = np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf)
+        L = np.where(l != 0, m + np.log(np.where(l != 0, l, 1.0)), -np.inf)
     return O.transpose(0, 2, 1, 3), L

@@ -162,7 +162,7 @@ fa1_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                 const float alpha = l_i * __expf(m_i - m_safe);         // l_i e^(m_i - m_new)
                 const float beta = __expf(m_tilde[e2] - m_safe);        // e^(m~_ij - m_new)
                 const float l_new = alpha + beta * l_tilde[e2];
-                const float inv = l_new > 0.f ? 1.f / l_new : 0.f;
+                const float inv = l_new == 0.f ? 0.f : 1.f / l_new;  // (NaN stays NaN)
                 __syncwarp();  // every lane of the quad has read l_i, m_i before lane 0 writes
                 if (!valid) continue;
                 float* o_row = o_hbm + (long long)row * d + (lane % 4) * 2;
@@ -209,8 +209,9 @@ fa1_finalize(const float* __restrict__ O, const float* __restrict__ l,
                                 c * 8) = packed;
     if (c == 0) {
         const float l_row = l[bh * seqlen_q + row];
-        L[bh * seqlen_q + row] = l_row > 0.f ? m[bh * seqlen_q + row] + logf(l_row)
-                                             : CUFLASH_NEG_INF;
+        // l = 0: the row saw no key; a NaN l (NaN in Q or K) gives L = NaN, not -inf
+        L[bh * seqlen_q + row] = l_row == 0.f ? CUFLASH_NEG_INF
+                                              : m[bh * seqlen_q + row] + logf(l_row);
     }
 }
 

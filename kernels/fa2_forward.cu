@@ -358,14 +358,22 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         step(j, Bool<true>{}, first);   // diagonal / ragged-end blocks
 
     // ---- epilogue: O_i = diag(l_i)^-1 O~_i, L_i = m_i + log(l_i) ---------------------------
-    cp_async_wait<0>();  // (nothing is in flight unless no block was visited; then Q_i is)
+    // A row block that sees no key (causal, seqlen_q > seqlen_k) visits no column block, and
+    // its Q_i copies may still be in flight: they were issued by every thread of the block, so
+    // a warp's own wait does not cover the rows it stages O_i through below. Wait, then let
+    // the whole block pass a barrier (once per block; testing for that case instead kept the
+    // loop bounds in registers, and spilled at d 256).
+    cp_async_wait<0>();
+    __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
             const float l_row = !LEAN ? quad_sum(l[mt][e2])
                                         : __shfl_sync(0xffffffffu, l_own, (lane & ~3) | (mt * 2 + e2));
-            const float inv_l = l_row > 0.f ? 1.f / l_row : 0.f;  // fully masked row: O = 0
+            // l_i = 0: the row saw no key (O = 0, L = -inf). A NaN l_i (NaN in Q or K) stays
+            // NaN in both O and L.
+            const float inv_l = l_row == 0.f ? 0.f : 1.f / l_row;
 #pragma unroll
             for (int nt = 0; nt < NT_O; ++nt) {
                 o[mt][nt][e2 * 2] *= inv_l;
@@ -374,7 +382,7 @@ fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             const int row = row0 + warp * RPW + mt * 16 + lane / 4 + e2 * 8;
             if (lane % 4 == 0 && row < seqlen_q)
                 L[((long long)batch * nheads + head) * seqlen_q + row] =
-                    l_row > 0.f ? m[mt][e2] * softmax_scale + logf(l_row) : CUFLASH_NEG_INF;
+                    l_row == 0.f ? CUFLASH_NEG_INF : m[mt][e2] * softmax_scale + logf(l_row);
         }
 
     // Stage O_i through this warp's own rows of the Q_i tile (no other warp reads them), then
