@@ -67,7 +67,7 @@ def table(points):
 def summary(points):
     """Lines: min / median / max ratio per (pass, dtype, d)."""
     groups = defaultdict(list)
-    for (which, dt, d, causal, n), p in points.items():
+    for (which, dt, d, _causal, _n), p in points.items():
         if "cuflash" in p and "torch-flash" in p:
             groups[(which, dt, d)].append(p["cuflash"]["tflops"] / p["torch-flash"]["tflops"])
     out = ["| pass | dtype | d | points | min | median | max |",

@@ -9,7 +9,7 @@ See README.md for shapes, dtypes and the algorithms; ``cuflash.reference`` holds
 
 from ._api import attention_with_vjp, backward, forward, precompile
 from ._loader import KernelCompileError
+from ._version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["forward", "backward", "attention_with_vjp", "precompile",
            "KernelCompileError", "__version__"]

@@ -4,7 +4,6 @@ shared/guides/accuracy.md (FlashAttention-2's test rule)."""
 import numpy as np
 
 
-
 def rand(cp, shape, dtype, scale=1.0):
     """Fresh standard-normal values in `dtype` (never zeros or ones)."""
     return (cp.random.standard_normal(shape, dtype=cp.float32) * scale).astype(dtype)

@@ -8,10 +8,9 @@ import itertools
 import ml_dtypes
 import numpy as np
 import pytest
+from gpu_helpers import assert_accurate, assert_lse, poisoned, rand
 
 from cuflash import _loader, _plan, reference
-
-from gpu_helpers import assert_accurate, assert_lse, poisoned, rand
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="CuPy not installed")
