@@ -3,15 +3,24 @@ registers, shared memory and spills per kernel and architecture.
 
     python -m cuflash.compile_check            # sm_80 and sm_90, table on stdout
     python -m cuflash.compile_check --arch 90  # one architecture
+    python -m cuflash.compile_check --no-cache # compile even if this exact tree was checked
 
 The CPU test suite runs the same check and fails on any compile error or register spill.
 The source compiled is exactly what NVRTC compiles at run time (``_loader.expand_source``),
 plus one line per specialisation that takes the kernel's address to instantiate it.
+
+The reports of a successful check are cached (``$CUFLASH_CACHE_DIR``, default
+``~/.cache/cuflash/compile_check``) under a key made of the expanded kernel sources, the list
+of specialisations, the compile flags and the compiler's version: an unchanged tree compiles
+once; any change to a kernel, a header, the planner's tile choices or nvcc compiles again.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -110,6 +119,55 @@ def check_all(archs=ARCHS, nvcc: str | None = None) -> list[KernelReport]:
     return reports
 
 
+def cache_key(archs, nvcc: str) -> str:
+    """What the check's outcome depends on: every kernel source as compiled, the names of the
+    specialisations per architecture, the flags and the compiler's version."""
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    h = hashlib.sha256()
+    for part in (version, repr(_loader.NVRTC_OPTIONS), repr(tuple(archs))):
+        h.update(part.encode())
+    for arch in archs:
+        specs = _plan.all_specialisations(arch)
+        h.update(repr(specs).encode())
+        for filename in sorted({f for f, _ in specs}):
+            h.update(_loader.expand_source(filename).encode())
+    h.update(instantiation_source.__code__.co_code)
+    return h.hexdigest()[:32]
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("CUFLASH_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cuflash",
+        "compile_check")
+
+
+def check_all_cached(archs=ARCHS, nvcc: str | None = None, cache_dir: str | None = None,
+                     use_cache: bool = True) -> tuple[list[KernelReport], bool]:
+    """check_all, or its reports from the cache when this exact tree and compiler were checked
+    before. Returns (reports, from_cache). Only a complete, error-free check is cached (its
+    reports are kept as they are, spills included, so a cached spill still fails)."""
+    nvcc = nvcc or find_nvcc()
+    if nvcc is None:
+        raise FileNotFoundError("nvcc not found (set CUDACXX or put nvcc on PATH)")
+    path = os.path.join(cache_dir or default_cache_dir(), cache_key(archs, nvcc) + ".json")
+    if use_cache and os.path.isfile(path):
+        try:
+            with open(path) as f:
+                return [KernelReport(**r) for r in json.load(f)], True
+        except (OSError, ValueError, TypeError):
+            pass  # unreadable: compile again
+    reports = check_all(archs, nvcc)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump([dataclasses.asdict(r) for r in reports], f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache that cannot be written only costs time
+    return reports, False
+
+
 def _demangle(names: list[str]) -> dict[str, str]:
     cxxfilt = shutil.which("c++filt")
     if not cxxfilt:
@@ -121,8 +179,13 @@ def _demangle(names: list[str]) -> dict[str, str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", action="append", help="80, 90, ... (repeatable)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="compile even if this exact tree and compiler were checked before")
     args = parser.parse_args(argv)
-    reports = check_all(tuple(args.arch or ARCHS))
+    reports, cached = check_all_cached(tuple(args.arch or ARCHS), use_cache=not args.no_cache)
+    if cached:
+        print("(reports of an earlier check of this exact tree and compiler; --no-cache "
+              "compiles again)")
     names = _demangle(sorted({r.name for r in reports}))
     print(f"{'arch':<6}{'regs':>5}{'stack':>7}{'spill st':>9}{'spill ld':>9}  kernel")
     bad = 0

@@ -13,7 +13,9 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (set CUDACX
 
 @pytest.fixture(scope="module")
 def reports():
-    return compile_check.check_all(compile_check.ARCHS, NVCC)
+    # Cached by the expanded sources, the specialisation list, the flags and nvcc's version:
+    # an unchanged tree compiles once (compile_check.check_all_cached).
+    return compile_check.check_all_cached(compile_check.ARCHS, NVCC)[0]
 
 
 @needs_nvcc
@@ -74,3 +76,31 @@ def test_first_error_location_parses_nvrtc_logs():
     log = ('fa2_forward.cu(123): warning #177-D: unused\n'
            'common.cuh(45): error: identifier "x" is undefined\n')
     assert _loader.first_error_location(log) == ("common.cuh", 45, 'identifier "x" is undefined')
+
+
+@needs_nvcc
+def test_compile_check_cache_key_follows_sources_and_planner(tmp_path, monkeypatch):
+    key = compile_check.cache_key(("80",), NVCC)
+    assert key == compile_check.cache_key(("80",), NVCC)
+    assert key != compile_check.cache_key(("90",), NVCC)
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    for src in _loader.KERNEL_DIR.iterdir():
+        if src.suffix in (".cu", ".cuh"):
+            (kernels / src.name).write_text(src.read_text())
+    monkeypatch.setattr(_loader, "KERNEL_DIR", kernels)
+    assert compile_check.cache_key(("80",), NVCC) == key
+    (kernels / "common.cuh").write_text((kernels / "common.cuh").read_text() + "\n// edit\n")
+    assert compile_check.cache_key(("80",), NVCC) != key  # a header edit misses the cache
+
+
+def test_compile_check_cache_round_trip(tmp_path, monkeypatch):
+    """A cached check returns the same reports, spills included, without compiling."""
+    fake = [compile_check.KernelReport("80", "k", 255, 0, 8, 8, 8)]
+    calls = []
+    monkeypatch.setattr(compile_check, "check_all", lambda archs, nvcc: calls.append(1) or fake)
+    monkeypatch.setattr(compile_check, "cache_key", lambda archs, nvcc: "key")
+    first, cached1 = compile_check.check_all_cached(("80",), "nvcc", str(tmp_path))
+    again, cached2 = compile_check.check_all_cached(("80",), "nvcc", str(tmp_path))
+    assert (cached1, cached2, len(calls)) == (False, True, 1)
+    assert again == fake and again[0].spill_stores == 8
