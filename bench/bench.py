@@ -15,10 +15,15 @@ importable, torch-flash (SDPA FLASH_ATTENTION: FlashAttention-2's kernels) and t
 
 The standard grid (shared/guides/benchmarking.md): batch * seqlen = 16384 tokens, heads * d =
 2048, seqlen 512..16384, d 64 and 128, causal off and on, fp16 and bf16, forward and backward.
-FLOPs: forward 4 * b * h * n^2 * d, halved when causal; backward 2.5x the forward's. Times:
-CUDA events, median of --reps runs after warm-up (compilation excluded). Memory: the peak
-device memory a call allocates beyond its inputs. bench/plot.py and bench/claims.py turn the
-JSON into the figure and the seed-claims report.
+FLOPs: forward 4 * b * h * n^2 * d, halved when causal; backward 2.5x the forward's.
+Times are kernel times (shared/guides/benchmarking.md): the median over --reps calls of the
+GPU time between CUDA events recorded around each call, with the L2 cache flushed before each
+and the host issuing the calls back to back (the GPU stays busy, so the host's launch
+preparation is not counted; triton.testing.do_bench's method). The host time each call
+spends before it returns is a second, separate figure (host_us, median). Compilation is
+excluded. Memory: the peak device memory a call allocates beyond its inputs. --kv-heads runs
+GQA/MQA (torch: enable_gqa=True). bench/plot.py and bench/claims.py turn the JSON into the
+figure and the seed-claims report.
 """
 
 from __future__ import annotations
@@ -44,18 +49,39 @@ _CUBLAS_COMPUTE_32F = 68
 _CUBLAS_GEMM_DEFAULT = -1
 
 
+_L2_FLUSH_BYTES = 256 << 20  # more than any GPU's L2 (H200: 50 MB)
+_flush_buffers: dict = {}
+
+
 def median_ms(cp, fn, warmup, reps):
+    """Kernel time of fn() in ms: the median over `reps` calls of the GPU time between events
+    recorded on the current stream around each call, the L2 cache flushed (a 256 MiB memset)
+    before each. The calls are issued back to back with no synchronisation, so while the GPU
+    runs one flush and call, the host prepares the next: host overhead is not counted."""
     for _ in range(warmup):
         fn()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    times = []
-    for _ in range(reps):
+    flush = _flush_buffers.setdefault(cp.cuda.Device().id,
+                                      cp.empty(_L2_FLUSH_BYTES, dtype=cp.uint8))
+    events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
+    for start, end in events:
+        flush.fill(0)
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
-    return float(np.median(times))
+    events[-1][1].synchronize()
+    return float(np.median([cp.cuda.get_elapsed_time(s, e) for s, e in events]))
+
+
+def host_us(cp, fn, reps):
+    """Host time per call in us: the median wall time fn() takes to return (its launches are
+    asynchronous), synchronising after each so that queues never fill."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        cp.cuda.Device().synchronize()
+    return float(np.median(times)) * 1e6
 
 
 def _gemm_rowmajor(cp, A, B, C, transpose_b):
@@ -108,39 +134,44 @@ def gemm_ceiling(cp, dtype, n=8192, reps=10):
 class Point:
     """One problem: inputs for every provider, timed and measured on demand."""
 
-    def __init__(self, cp, dtype_name, b, h, n, d, causal, which):
+    def __init__(self, cp, dtype_name, b, h, n, d, causal, which, h_k=None):
         import ml_dtypes
         self.cp, self.which = cp, which
         self.dtype_name, self.b, self.h, self.n, self.d, self.causal = (
             dtype_name, b, h, n, d, causal)
+        self.h_k = h_k or h  # kv heads (GQA / MQA when fewer than h)
         self.dtype = ml_dtypes.bfloat16 if dtype_name == "bf16" else np.float16
         self.scale = 1.0 / math.sqrt(d)
         fwd_flops = 4 * b * h * n * n * d / (2 if causal else 1)
         self.flops = fwd_flops * (2.5 if which == "bwd" else 1)
 
     def inputs(self):
+        """q, k, v (and dout for the backward), (batch, seqlen, heads, d)."""
         cp = self.cp
-        return [cp.random.standard_normal((self.b, self.n, self.h, self.d),
+        heads = [self.h, self.h_k, self.h_k] + ([self.h] if self.which == "bwd" else [])
+        return [cp.random.standard_normal((self.b, self.n, h, self.d),
                                           dtype=cp.float32).astype(self.dtype)
-                for _ in range(4 if self.which == "bwd" else 3)]
+                for h in heads]
 
     def callables(self, provider, cfg=None):
         """{label: fn} for a provider at this point (empty if it does not apply)."""
         import cuflash
+        from cuflash import _api
         cp, causal = self.cp, self.causal
         if provider == "cuflash" and self.which == "fwd":
             q, k, v = self.inputs()
             return {"cuflash" if cfg is None else
                     f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w kv{cfg.kv_stages}":
-                    lambda: cuflash.forward(q, k, v, causal=causal, _config=cfg)}
+                    lambda: _api._forward(q, k, v, causal, None, None, None, "fa2", False,
+                                          cfg)}
         if provider == "cuflash" and self.which == "bwd":
             q, k, v, dout = self.inputs()
             out, lse = cuflash.forward(q, k, v, causal=causal)
             if cfg is not None:
                 return {f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w {cfg.wm_sdp}/{cfg.wm_dkv}/"
                         f"{cfg.wm_dq} q{cfg.qstages} dq{cfg.dq_bulk}":
-                        lambda: cuflash.backward(
-                            dout, q, k, v, out, lse, causal=causal, _config=cfg)}
+                        lambda: _api._backward(dout, q, k, v, out, lse, causal, None, False,
+                                               None, None, None, cfg)}
             return {label: (lambda det=det: cuflash.backward(
                         dout, q, k, v, out, lse, causal=causal, deterministic=det))
                     for label, det in (("cuflash", False), ("cuflash deterministic", True))}
@@ -168,17 +199,18 @@ class Point:
                    "torch-cudnn": SDPBackend.CUDNN_ATTENTION}[provider]
         tdt = torch.bfloat16 if self.dtype_name == "bf16" else torch.float16
         grad = self.which == "bwd"
-        tq, tk, tv = (torch.randn(self.b, self.h, self.n, self.d, device="cuda", dtype=tdt,
-                                  requires_grad=grad) for _ in range(3))
+        tq, tk, tv = (torch.randn(self.b, h, self.n, self.d, device="cuda", dtype=tdt,
+                                  requires_grad=grad) for h in (self.h, self.h_k, self.h_k))
         sdpa = torch.nn.functional.scaled_dot_product_attention
+        gqa = {"enable_gqa": True} if self.h_k != self.h else {}
         if not grad:
             def fn():
                 with sdpa_kernel(backend), torch.no_grad():
-                    sdpa(tq, tk, tv, is_causal=self.causal)
+                    sdpa(tq, tk, tv, is_causal=self.causal, **gqa)
             return {provider: fn}
         tdo = torch.randn_like(tq)
         with sdpa_kernel(backend):
-            to = sdpa(tq, tk, tv, is_causal=self.causal)
+            to = sdpa(tq, tk, tv, is_causal=self.causal, **gqa)
         return {provider: lambda: torch.autograd.grad(to, (tq, tk, tv), tdo, retain_graph=True)}
 
     def peak_extra_bytes(self, provider, fn):
@@ -206,7 +238,8 @@ def run_point(cp, point, providers, reps, warmup, configs=None, measure_memory=F
     rows = []
     def new_row(label):
         return dict(provider=label, dtype=point.dtype_name, batch=point.b, heads=point.h,
-                    seqlen=point.n, headdim=point.d, causal=point.causal, which=point.which)
+                    kv_heads=point.h_k, seqlen=point.n, headdim=point.d, causal=point.causal,
+                    which=point.which)
 
     for provider in providers:
         try:
@@ -226,6 +259,7 @@ def run_point(cp, point, providers, reps, warmup, configs=None, measure_memory=F
                 row["ms"] = median_ms(cp, fn, 1 if slow else warmup,
                                       max(3, reps // 5) if slow else reps)
                 row["tflops"] = point.flops / row["ms"] / 1e9
+                row["host_us"] = host_us(cp, fn, 3 if slow else 10)
                 if measure_memory:
                     row["extra_bytes"] = point.peak_extra_bytes(label, fn)
             except Exception as exc:  # a provider that cannot run this point: say so
@@ -246,7 +280,8 @@ def _fmt(row):
     if row.get("ms") is None:
         return f"  {row['provider']:<24}{'failed':>30}  {row.get('error', '')}"
     mem = f"  {row['extra_bytes'] / 2**20:9.0f} MiB" if "extra_bytes" in row else ""
-    return f"  {row['provider']:<24}{row['ms']:9.3f} ms {row['tflops']:8.1f} TFLOP/s{mem}"
+    return (f"  {row['provider']:<24}{row['ms']:9.3f} ms {row['tflops']:8.1f} TFLOP/s"
+            f"  host {row['host_us']:7.1f} us{mem}")
 
 
 def main(argv=None) -> int:
@@ -254,6 +289,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=None,
+                    help="key/value heads (GQA/MQA; default: --heads)")
     ap.add_argument("--seqlen", type=int, default=4096)
     ap.add_argument("--headdim", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
@@ -277,7 +314,16 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
-    import cupy as cp
+    try:
+        import cupy as cp
+    except ImportError:
+        from cuflash._api import INSTALL_HINT
+        print(f"bench: CuPy is not installed: {INSTALL_HINT}", file=sys.stderr)
+        return 2
+    from cuflash._api import NO_GPU_MESSAGE
+    if not cp.cuda.is_available():
+        print(f"bench: {NO_GPU_MESSAGE}. Nothing was run.", file=sys.stderr)
+        return 2
 
     import cuflash
     from cuflash import _plan
@@ -297,14 +343,15 @@ def main(argv=None) -> int:
 
     if not args.grid:
         point = Point(cp, args.dtype, args.batch, args.heads, args.seqlen, args.headdim,
-                      args.causal, args.which)
+                      args.causal, args.which, args.kv_heads)
         configs = None
         if args.configs:
             bulk = _plan.has_bulk_copy(int(cp.cuda.Device().compute_capability))
             configs = [_plan.config_from_shape(args.which, args.headdim, c, bulk)
                        for c in args.configs.split(",")]
         print(f"{meta['device']}: {args.which} {args.dtype} b={args.batch} h={args.heads} "
-              f"n={args.seqlen} d={args.headdim} causal={args.causal}")
+              f"h_k={args.kv_heads or args.heads} n={args.seqlen} d={args.headdim} "
+              f"causal={args.causal} (kernel timing)")
         rows = run_point(cp, point, providers, args.reps, args.warmup, configs,
                          log=lambda r: print(_fmt(r), flush=True))
         ours = next((r for r in rows if r["provider"].startswith("cuflash") and r["ms"]), None)
@@ -320,8 +367,8 @@ def main(argv=None) -> int:
             print(f"deterministic backward: {det['ms'] / ours['ms']:.2f}x the time of the "
                   "default")
         meta["problem"] = dict(dtype=args.dtype, batch=args.batch, heads=args.heads,
-                               seqlen=args.seqlen, headdim=args.headdim, causal=args.causal,
-                               which=args.which)
+                               kv_heads=args.kv_heads or args.heads, seqlen=args.seqlen,
+                               headdim=args.headdim, causal=args.causal, which=args.which)
     else:
         points = [(which, dt, d, n, mask == "on")
                   for which in args.passes.split(",") for dt in args.dtypes.split(",")

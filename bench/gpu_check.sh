@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check that CI (no GPU) cannot run, in one call on a GPU machine:
-#   bash bench/gpu_check.sh [tests] [bench] [grid] [parity] [sweep] [demo]   (default: all)
+#   bash bench/gpu_check.sh [tests] [slow] [sanitize] [gqa] [bench] [grid] [parity] [sweep] [demo]
+#   (default: tests bench grid parity sweep demo)
 # Logs and JSON go to $OUT (default ./gpu-logs). Runs from the working tree (PYTHONPATH=.),
 # as on the H200 test machine, where nothing can be pip-installed.
 set -uo pipefail
@@ -17,6 +18,25 @@ for step in $steps; do
     tests)  # the full suite, CPU and GPU tests
       python3 -m pytest -rs -q -s -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -30
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    slow)  # the slow-marked tests (over 2^31 elements)
+      python3 -m pytest -rs -q -s -p no:cacheprovider --slow -m slow 2>&1 \
+        | tee "$OUT/pytest_slow.log" | tail -5
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    sanitize)  # compute-sanitizer memcheck and racecheck over every kernel family
+      cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+      "$cs" --tool memcheck --error-exitcode 9 python3 bench/sanitize_target.py 2>&1 \
+        | tee "$OUT/memcheck.log" | grep -E "SUMMARY|calls done|Error" | head -20
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      "$cs" --tool racecheck --racecheck-report hazard --error-exitcode 9 \
+        python3 bench/sanitize_target.py --small 2>&1 \
+        | tee "$OUT/racecheck.log" | grep -E "SUMMARY|calls done|Error" | head -20
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    gqa)  # GQA backward (32 query heads on 8 kv heads) against FA2, kernel timing
+      for c in "" "--causal"; do
+        python3 bench/bench.py --pass bwd --dtype bf16 --headdim 128 --batch 4 --heads 32 \
+          --kv-heads 8 --seqlen 4096 $c --providers cuflash,torch-flash,torch-cudnn \
+          --json "$OUT/gqa_bwd_bf16_d128_n4096${c:+_causal}.json" || status=1
+      done ;;
     bench)  # the issues' speed points, side by side with the peers
       for p in fwd bwd; do
         for c in "" "--causal"; do

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import cuflash  # noqa: E402
-from cuflash import _plan  # noqa: E402
+from cuflash import _api, _plan  # noqa: E402
 
 
 def main(argv):
@@ -38,12 +38,12 @@ def main(argv):
     sdpa = torch.nn.functional.scaled_dot_product_attention
     for _ in range(3):
         if which == "fwd":
-            cuflash.forward(q, k, v, _config=cfg)
+            _api._forward(q, k, v, False, None, None, None, "fa2", False, cfg)
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.no_grad():
                 sdpa(tq, tk, tv)
         else:
             o, lse = cuflash.forward(q, k, v)
-            cuflash.backward(do, q, k, v, o, lse, _config=cfg)
+            _api._backward(do, q, k, v, o, lse, False, None, False, None, None, None, cfg)
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 to = sdpa(tq, tk, tv)
             torch.autograd.grad(to, (tq, tk, tv), torch.randn_like(to))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 from functools import lru_cache
 
 import numpy as np
@@ -14,13 +15,25 @@ MIN_COMPUTE_CAPABILITY = 80
 _GRID_YZ_MAX = 65535  # CUDA limit on gridDim.y / gridDim.z (heads, batch)
 
 
+# The one install hint every message gives (README.md, "Set up").
+INSTALL_HINT = ('pip install "cupy-cuda12x[ctk]>=14" (CUDA 12 driver) or '
+                '"cupy-cuda13x[ctk]>=14" (CUDA 13 driver)')
+NO_GPU_MESSAGE = ("no CUDA GPU found on this machine: cuflash's kernels need an NVIDIA GPU of "
+                  "compute capability 8.0 or newer and its driver")
+
+
 def _cupy():
     try:
         import cupy
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "cuflash needs CuPy: pip install 'cuflash[cuda12]' (or [cuda13])") from exc
+        raise ImportError(f"cuflash needs CuPy 14 or newer: {INSTALL_HINT}") from exc
     return cupy
+
+
+def _require_gpu(cupy) -> None:
+    """A clear RuntimeError where no CUDA GPU is usable (instead of a driver traceback)."""
+    if not cupy.cuda.is_available():
+        raise RuntimeError(NO_GPU_MESSAGE)
 
 
 def _dtype_name(dtype) -> str:
@@ -43,16 +56,26 @@ def _check_type(cupy, name: str, x) -> None:
 
 
 def _check_layout(name: str, x) -> None:
-    """Rank, dtype and last-dim contiguity (metadata only: works on NumPy arrays too)."""
+    """Rank, dtype, strides in whole elements and last-dim contiguity (metadata only: works on
+    NumPy arrays too)."""
     if x.ndim != 4:
         raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, headdim), got shape "
                          f"{x.shape}")
     if _dtype_name(x.dtype) not in _plan.ELEMENT_TAGS:
         raise TypeError(f"{name} has dtype {x.dtype}; cuflash supports float16 and bfloat16 "
                         "(ml_dtypes.bfloat16)")
+    _check_strides(name, x)
     if x.size and x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
         raise ValueError(f"{name} must be contiguous in its last (headdim) dimension, got "
                          f"strides {x.strides}; use cupy.ascontiguousarray({name})")
+
+
+def _check_strides(name: str, x) -> None:
+    """The kernels take strides in elements: a byte stride that is not a whole number of
+    elements (an as_strided view) cannot be expressed and would be rounded."""
+    if x.size and any(s % x.itemsize for n, s in zip(x.shape, x.strides) if n > 1):
+        raise ValueError(f"{name} has byte strides {x.strides} that are not multiples of its "
+                         f"item size ({x.itemsize} bytes); use cupy.ascontiguousarray({name})")
 
 
 def _check_device(cupy, arrays: dict) -> int:
@@ -153,6 +176,53 @@ def _check_given(cupy, name, x, shape, dtype, q, contiguous=False) -> None:
         raise ValueError(f"{name} must be C-contiguous")
 
 
+def _check_output_alignment(name: str, x, nbytes: int) -> None:
+    """The kernels store into out, dq, dk, dv with 16-byte vectors and into lse with 4-byte
+    floats: a preallocated output must start on such a boundary (a misaligned store faults
+    and leaves the CUDA context unusable for the rest of the process)."""
+    if x.size and x.data.ptr % nbytes:
+        raise ValueError(f"{name} must start on a {nbytes}-byte boundary (its address is "
+                         f"{x.data.ptr:#x}); pass a freshly allocated array or leave {name}=None")
+
+
+def _byte_range(ptr: int, x) -> tuple:
+    """[first, last) bytes that array `x` at address `ptr` can touch (empty: (ptr, ptr))."""
+    if x.size == 0:
+        return ptr, ptr
+    lo = hi = ptr
+    for n, s in zip(x.shape, x.strides):
+        if s > 0:
+            hi += (n - 1) * s
+        else:
+            lo += (n - 1) * s
+    return lo, hi + x.itemsize
+
+
+def _check_no_overlap(outputs: dict, others: dict) -> None:
+    """ValueError where an output shares bytes with an input the kernels still read, or with
+    another output. `outputs` and `others` map names to arrays. A byte-range test: views that
+    interleave without touching the same element are refused too."""
+    ranges = {name: _byte_range(x.data.ptr, x) for name, x in {**others, **outputs}.items()}
+    names = list(outputs)
+    for i, name in enumerate(names):
+        lo, hi = ranges[name]
+        if lo == hi:
+            continue
+        for other in names[i + 1:] + list(others):
+            olo, ohi = ranges[other]
+            if olo < hi and lo < ohi:
+                raise ValueError(f"{name} shares memory with {other}: cuflash's outputs must "
+                                 "not overlap its inputs or each other (pass a separate array)")
+
+
+def _check_flag(name: str, value) -> bool:
+    """A bool argument: True/False or a NumPy bool. Anything else (a string such as "False",
+    an int) is refused rather than read by its truth value."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+
+
 def _check_qkv(q, k, v):
     """(cupy, device id, (strides, rows_aligned) as _check_shapes returns them)."""
     cupy = _cupy()
@@ -182,14 +252,23 @@ def _on_device(cupy, device_id: int):
 
 
 _SAME_DEVICE = contextlib.nullcontext()
+_LOG2E = math.log2(math.e)
 
 
 def _softmax_scale(softmax_scale, d: int) -> float:
+    """The scale as a Python float: 1 / sqrt(d) by default; otherwise a real number (not a
+    bool or a string) that is finite and positive, and stays finite and non-zero as the
+    kernels' float32, also once multiplied by log2(e)."""
     if softmax_scale is None:
         return 1.0 / math.sqrt(d)
-    scale = float(softmax_scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"softmax_scale must be a finite positive number, got {softmax_scale}")
+    ok = isinstance(softmax_scale, numbers.Real) and not isinstance(softmax_scale, (bool, np.bool_))
+    scale = float(softmax_scale) if ok else math.nan
+    with np.errstate(over="ignore"):
+        as_f32 = (np.float32(scale), np.float32(scale * _LOG2E)) if ok else ()
+    if not (ok and math.isfinite(scale) and scale > 0
+            and all(np.isfinite(x) and x > 0 for x in as_f32)):
+        raise ValueError(f"softmax_scale must be a finite positive real number that float32 "
+                         f"holds (about 1.2e-38 to 2.3e38), got {softmax_scale!r}")
     return scale
 
 
@@ -201,9 +280,11 @@ def _strides(x) -> tuple:
     return (st[0] // size, st[1] // size, st[2] // size)
 
 
+ALGORITHMS = ("fa2", "fa1")
+
+
 def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *,
-            out=None, lse=None, algorithm: str = "fa2", verbose: bool = False,
-            _config: _plan.ForwardConfig | None = None):
+            out=None, lse=None, algorithm: str = "fa2", verbose: bool = False):
     """FlashAttention-2 forward: ``out = softmax(softmax_scale * q k^T [+ causal mask]) v``.
 
     Parameters
@@ -211,48 +292,81 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
     q : cupy.ndarray, (batch, seqlen_q, nheads, headdim), float16 or bfloat16
     k, v : cupy.ndarray, (batch, seqlen_k, nheads_k, headdim), same dtype as q.
         ``nheads % nheads_k == 0``; query head h reads key/value head
-        ``h // (nheads // nheads_k)`` (MQA / GQA). Any strides with a contiguous last dim.
-        headdim: a multiple of 8, at most 256.
+        ``h // (nheads // nheads_k)`` (MQA / GQA). Any strides in whole elements with a
+        contiguous last dim. headdim: a multiple of 8, at most 256.
     causal : bool
         Mask aligned to the bottom-right corner: query i sees key j iff
         ``j <= i + seqlen_k - seqlen_q``. Rows that see no key get out = 0, lse = -inf.
-    softmax_scale : float, default ``1 / sqrt(headdim)``
+    softmax_scale : float, default ``1 / sqrt(headdim)``; finite, positive, float32-representable
     out, lse : optional preallocated outputs (shapes and dtypes as returned; ``out`` may have
-        any strides with a contiguous last dim, ``lse`` must be contiguous).
+        any strides with a contiguous last dim and must start on a 16-byte boundary, ``lse``
+        must be contiguous). Neither may share memory with q, k, v or with the other.
     algorithm : "fa2" (default) or "fa1": FlashAttention-1's loop order (K/V outer, Q inner,
         O/l/m round-tripping through HBM), for study and comparison; same outputs.
-    verbose : print the launch plan (block sizes and how they were chosen).
+    verbose : bool, print the launch plan (block sizes and how they were chosen).
 
     Returns
     -------
     out : cupy.ndarray, (batch, seqlen_q, nheads, headdim), q's dtype
     lse : cupy.ndarray, (batch, nheads, seqlen_q), float32: the log-sum-exp L of each row of
-        ``softmax_scale * q k^T`` (natural log), as the backward pass needs it.
+        ``softmax_scale * q k^T`` (natural log), as the backward pass needs it. NaN in q or k
+        gives NaN in both out and lse (never lse = -inf, which means "saw no key").
+
+    Raises
+    ------
+    TypeError
+        An argument is not a cupy.ndarray (a NumPy array gets a hint), a dtype other than
+        float16/bfloat16 or dtypes that differ, a flag that is not a bool, an algorithm that is
+        not a str.
+    ValueError
+        Shapes that do not match, an unsupported head dim, strides that are not whole elements
+        or a last dim that is not contiguous, arrays on different GPUs, a bad softmax_scale or
+        algorithm, a misaligned or overlapping output buffer.
+    RuntimeError
+        A GPU older than sm_80.
+    cuflash.KernelCompileError
+        A kernel failed to compile (the message starts with ``file:line:``).
 
     Runs on CuPy's current stream, on the device that holds q.
     """
-    if algorithm not in ("fa2", "fa1"):
-        raise ValueError(f"algorithm must be 'fa2' or 'fa1', got {algorithm!r}")
+    return _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, None)
+
+
+def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, config):
+    """forward(), with an explicit tile shape (`config`, a _plan.ForwardConfig or None for the
+    planner's choice): the bench's and the tests' tuning hook."""
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+        raise (ValueError if isinstance(algorithm, str) else TypeError)(
+            f"algorithm must be 'fa2' or 'fa1', got {algorithm!r}")
+    causal = _check_flag("causal", causal)
+    verbose = _check_flag("verbose", verbose)
     cupy, device_id, layout = _check_qkv(q, k, v)
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     scale = _softmax_scale(softmax_scale, d)
 
     with _on_device(cupy, device_id):
+        given = {}
         if out is None:
             out = cupy.empty(q.shape, dtype=q.dtype)
             out_strides = (seqlen_q * nheads * d, nheads * d, d)
         else:
             _check_given(cupy, "out", out, q.shape, q.dtype, q)
             _check_layout("out", out)
+            _check_output_alignment("out", out, 16)
             if _aligned(cupy, out) is not out:
                 raise ValueError("out must start on a 16-byte boundary with strides that are "
                                  "multiples of 8 elements")
             out_strides = _strides(out)
+            given["out"] = out
         if lse is None:
             lse = cupy.empty((batch, nheads, seqlen_q), dtype=cupy.float32)
         else:
             _check_given(cupy, "lse", lse, (batch, nheads, seqlen_q), np.float32, q, True)
+            _check_output_alignment("lse", lse, 4)
+            given["lse"] = lse
+        if given:  # (a freshly allocated output overlaps nothing)
+            _check_no_overlap(given, {"q": q, "k": k, "v": v})
         if out.size == 0:
             return out, lse
         q, k, v, qkv_strides = _aligned_qkv(cupy, q, k, v, layout)
@@ -263,11 +377,11 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
         # The tile shape and compiled kernel for this (device, dtype, d, mask, short keys or
         # not), looked up once.
         short = _plan.forward_short(HD, causal, seqlen_k)
-        key = (device_id, q.dtype, d, bool(causal), short, _config)
+        key = (device_id, q.dtype, d, causal, short, config)
         launch = _forward_launches.get(key)
         if launch is None:
-            cfg = _config or _plan.forward_config(HD, causal, _max_smem(cupy, device_id),
-                                                  seqlen_k)
+            cfg = config or _plan.forward_config(HD, causal, _max_smem(cupy, device_id),
+                                                 seqlen_k)
             kernel = _loader.get_kernel(
                 _plan.FORWARD_FILE, _plan.forward_kernel_name(_dtype_name(q.dtype), cfg, causal))
             _set_smem(kernel, cfg.smem_bytes)
@@ -287,7 +401,6 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
 # fa2_forward's parameters (PackedLaunch letters): Q, K, V, O, L; seqlen_q, seqlen_k, d, group;
 # (batch, seq, head) strides of Q, K, V, O; softmax_scale, scale_log2.
 _FORWARD_ARGS = "PPPPP" + "iiii" + "qqq" * 4 + "ff"
-_LOG2E = math.log2(math.e)
 
 
 _forward_launches: dict = {}
@@ -310,7 +423,7 @@ def _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose)
     kernel((nheads, batch), (cfg.threads,),
            (q, k, v, O, l, m, np.int32(seqlen_q), np.int32(seqlen_k), np.int32(d),
             np.int32(nheads // nheads_k), *_strides(q), *_strides(k), *_strides(v),
-            np.float32(scale), np.float32(scale * math.log2(math.e))),
+            np.float32(scale), np.float32(scale * _LOG2E)),
            shared_mem=cfg.smem_bytes)
     target = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
     fin = _loader.get_kernel(_plan.FA1_FILE, _plan.fa1_finalize_name(dtype_name))
@@ -323,10 +436,19 @@ def _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose)
 def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, True),
                backward: bool = True, fa1: bool = False, max_workers: int = 8) -> int:
     """Compile (or load from CuPy's cache) the kernels for the current device ahead of time,
-    in parallel. Returns how many specialisations were prepared."""
+    in parallel. Returns how many specialisations were prepared.
+
+    Raises
+    ------
+    RuntimeError
+        No CUDA GPU is usable on this machine.
+    cuflash.KernelCompileError
+        A kernel failed to compile.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     cupy = _cupy()
+    _require_gpu(cupy)
     device_id = cupy.cuda.Device().id
     buckets = sorted({_plan.head_dim_bucket(d) for d in (head_dims or _plan.HEAD_DIM_BUCKETS)})
     max_smem = _max_smem(cupy, device_id)
@@ -366,7 +488,7 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
 
 def backward(dout, q, k, v, out, lse, causal: bool = False,
              softmax_scale: float | None = None, *, deterministic: bool = False,
-             dq=None, dk=None, dv=None, _config: _plan.BackwardConfig | None = None):
+             dq=None, dk=None, dv=None):
     """FlashAttention-2 backward: gradients of ``out = forward(q, k, v, ...)`` given ``dout``.
 
     Recomputes S and P block by block from q, k and the forward's ``lse`` (no N x N matrix is
@@ -381,13 +503,31 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
     deterministic : bool
         Bitwise-identical gradients on every run (dQ is summed in a fixed order instead of by
         racing atomics); 0.97-1.14x the default's time on the H200, see PERFORMANCE.md.
-    dq, dk, dv : optional preallocated C-contiguous outputs
+    dq, dk, dv : optional preallocated outputs: C-contiguous, on a 16-byte boundary, sharing
+        no memory with each other or with dout, q, k, v, out, lse.
 
     Returns
     -------
     dq, dk, dv : cupy.ndarrays shaped like q, k, v, in their dtype. With GQA/MQA, dk and dv are
         summed over the query heads that share each key/value head.
+
+    Raises
+    ------
+    TypeError, ValueError, RuntimeError, cuflash.KernelCompileError
+        As :func:`forward`, for these arguments; RuntimeError also where the head dim's tile
+        needs more shared memory than the GPU has (head dims above 128 on 99 KB GPUs), and
+        for ``deterministic=True`` without the causal mask on sm_90 past 65535 key blocks.
     """
+    return _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq, dk, dv,
+                     None)
+
+
+def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq, dk, dv,
+              config):
+    """backward(), with an explicit tile shape (`config`, a _plan.BackwardConfig or None for
+    the planner's choice): the bench's and the tests' tuning hook."""
+    causal = _check_flag("causal", causal)
+    deterministic = _check_flag("deterministic", deterministic)
     cupy, device_id, layout = _check_qkv(q, k, v)
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -399,14 +539,19 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
     scale = _softmax_scale(softmax_scale, d)
 
     with _on_device(cupy, device_id):
-        grads = []
+        grads, given = [], {}
         for name, x, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
             if x is None:
                 x = cupy.empty(like.shape, dtype=like.dtype)
             else:
                 _check_given(cupy, name, x, like.shape, like.dtype, q, True)
+                _check_output_alignment(name, x, 16)
+                given[name] = x
             grads.append(x)
         dq, dk, dv = grads
+        if given:  # (a freshly allocated output overlaps nothing)
+            _check_no_overlap(given, {"dout": dout, "q": q, "k": k, "v": v, "out": out,
+                                      "lse": lse})
         if batch == 0 or nheads == 0 or seqlen_q == 0 or seqlen_k == 0:
             for g in grads:  # no query or no key: every gradient is zero
                 g.fill(0)
@@ -415,13 +560,13 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
         dout, out = _aligned(cupy, dout), _aligned(cupy, out)
         dout_strides = _strides(dout)  # (read by the preprocess and the main kernel)
         # The tile shape and the three compiled kernels, looked up once per configuration.
-        key = (device_id, q.dtype, d, bool(causal), bool(deterministic), _config)
+        key = (device_id, q.dtype, d, causal, deterministic, config)
         launch = _backward_launches.get(key)
         if launch is None:
             dtype_name = _dtype_name(q.dtype)
-            cfg = _config or _plan.backward_config(_plan.backward_head_dim_bucket(d),
-                                                   _max_smem(cupy, device_id),
-                                                   _has_bulk_copy(cupy, device_id))
+            cfg = config or _plan.backward_config(_plan.backward_head_dim_bucket(d),
+                                                  _max_smem(cupy, device_id),
+                                                  _has_bulk_copy(cupy, device_id))
             ordered = bool(deterministic and cfg.dq_bulk)
             main = _loader.get_kernel(_plan.BACKWARD_FILE,
                                       _plan.backward_kernel_name(dtype_name, cfg, causal, ordered))
@@ -452,36 +597,43 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
         T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
         rows = T_r * cfg.B_r if cfg.dq_bulk else seqlen_q
         split = deterministic and not ordered
-        splits = _deterministic_splits(cupy, device_id, T_c, batch * nheads, cfg, seqlen_q,
-                                       rows, causal) if split else 1
+        sms = _device_properties(cupy, device_id)["multiProcessorCount"]
+        splits = _deterministic_splits(sms, T_c, batch * nheads_k, cfg, seqlen_q * group,
+                                       batch * nheads * rows * cfg.HD * 4, causal) \
+            if split else 1
+        # GQA / MQA: each block sums the query heads of one part of a group into dK_j, dV_j
+        # (fa2_backward.cu); more than one part only where one would leave SMs idle.
+        parts = _head_parts(group, (splits if split else T_c) * nheads_k * batch, sms)
         alloc = cupy.empty if ordered else cupy.zeros
         dq_accum = alloc((splits, batch, nheads, rows, cfg.HD), dtype=cupy.float32)
         dq_order = cupy.zeros((batch, nheads, T_r), dtype=cupy.int32) if ordered else None
-        if group > 1:  # one float32 slice per query head, summed over each group below
-            dk_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
-            dv_buf = cupy.empty((batch, seqlen_k, nheads, d), dtype=cupy.float32)
+        if parts > 1:  # float32 slices (parts, batch, seqlen_k, nheads_k, d), summed below
+            dk_buf = cupy.empty((parts,) + k.shape, dtype=cupy.float32)
+            dv_buf = cupy.empty((parts,) + k.shape, dtype=cupy.float32)
+            dkv_strides = _strides(dk_buf[0])
         else:
-            dk_buf, dv_buf = dk, dv
-        main(_backward_grid(T_c, nheads, batch, causal, ordered, splits if split else 0),
+            dk_buf, dv_buf, dkv_strides = dk, dv, _strides(dk)
+        main(_backward_grid(T_c, nheads_k * parts, batch, causal, ordered,
+                            splits if split else 0),
              cfg.threads, cfg.smem_bytes, stream,
              q.data.ptr, k.data.ptr, v.data.ptr, dout.data.ptr, lse.data.ptr, Dsum.data.ptr,
              dq_accum.data.ptr, 0 if dq_order is None else dq_order.data.ptr,  # (0: not read)
-             dk_buf.data.ptr, dv_buf.data.ptr, int(bool(deterministic)), int(group > 1),
-             seqlen_q, seqlen_k, d, group, *qkv_strides, *dout_strides, *_strides(dk_buf),
+             dk_buf.data.ptr, dv_buf.data.ptr, int(deterministic), nheads, parts,
+             seqlen_q, seqlen_k, d, group, *qkv_strides, *dout_strides, *dkv_strides,
              scale, scale * _LOG2E)
 
         # 3. dQ = scale * sum of the slices, in the input dtype
         if cfg.dq_bulk:  # one thread per 4 floats
             fin(((T_r * cfg.B_r * cfg.HD // 4 + 127) // 128, nheads, batch), 128, 0, stream,
-                dq_accum.data.ptr, dq.data.ptr, int(bool(deterministic)), int(bool(causal)),
+                dq_accum.data.ptr, dq.data.ptr, int(deterministic), int(causal),
                 seqlen_q, seqlen_k, d, *_strides(dq), scale)
         else:  # one thread per 8 elements of a row
             fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), 128, 0, stream,
                 dq_accum.data.ptr, dq.data.ptr, splits, seqlen_q, d, cfg.HD, *_strides(dq),
                 scale)
-        if group > 1:
+        if parts > 1:  # (a fixed order: deterministic)
             for buf, g in ((dk_buf, dk), (dv_buf, dv)):
-                g[...] = buf.reshape(batch, seqlen_k, nheads_k, group, d).sum(axis=3)
+                g[...] = buf.sum(axis=0)
     return dq, dk, dv
 
 
@@ -489,46 +641,65 @@ _backward_launches: dict = {}
 # The backward kernels' parameters (PackedLaunch letters; fa2_backward.cu):
 # fa2_backward_preprocess: O, dO, Dsum; seqlen_q, d, G; strides of O, dO.
 _PREPROCESS_ARGS = "PPP" + "iii" + "qqq" * 2
-# fa2_backward: Q, K, V, dO, L, Dsum, dQ_accum, dQ_order, dK, dV; deterministic, expanded,
-# seqlen_q, seqlen_k, d, group; strides of Q, K, V, dO, dK (and dV); softmax_scale, scale_log2.
-_BACKWARD_ARGS = "P" * 10 + "ii" + "iiii" + "qqq" * 5 + "ff"
+# fa2_backward: Q, K, V, dO, L, Dsum, dQ_accum, dQ_order, dK, dV; deterministic, nheads,
+# head_parts, seqlen_q, seqlen_k, d, group; strides of Q, K, V, dO, dK (and dV);
+# softmax_scale, scale_log2.
+_BACKWARD_ARGS = "P" * 10 + "iii" + "iiii" + "qqq" * 5 + "ff"
 # fa2_backward_dq_bulk: dQ_accum, dQ; deterministic, causal, seqlen_q, seqlen_k, d; dQ strides;
 # softmax_scale. fa2_backward_dq: dQ_accum, dQ; splits, seqlen_q, d, hd; dQ strides; scale.
 _DQ_BULK_ARGS = "PP" + "iiiii" + "qqq" + "f"
 _DQ_ARGS = "PP" + "iiii" + "qqq" + "f"
 
 
-def _backward_grid(T_c: int, nheads: int, batch: int, causal: bool, ordered: bool,
+def _backward_grid(T_c: int, grid_heads: int, batch: int, causal: bool, ordered: bool,
                    splits: int = 0) -> tuple:
-    """The FA2 backward kernel's grid: (T_c, heads, batch), one block per column block, or
-    (splits, heads, batch) with split slices; with ordered dQ additions and no causal mask,
-    (heads, batch, T_c), so that block x of every (batch, head) starts before any block x + 1
-    (fa2_backward.cu, "Deterministic mode")."""
+    """The FA2 backward kernel's grid: (T_c, grid_heads, batch), one block per column block, or
+    (splits, grid_heads, batch) with split slices; with ordered dQ additions and no causal mask,
+    (grid_heads, batch, T_c), so that block x of every (batch, head) starts before any block
+    x + 1 (fa2_backward.cu, "Deterministic mode"). grid_heads = kv heads x head parts."""
     if ordered and not causal:
         if T_c > _GRID_YZ_MAX:
             raise ValueError(f"deterministic=True without the causal mask handles at most "
                              f"{_GRID_YZ_MAX} key blocks ({T_c} here): use shorter key "
                              f"sequences, causal=True, or deterministic=False")
-        return (nheads, batch, T_c)
-    return (splits or T_c, nheads, batch)
+        return (grid_heads, batch, T_c)
+    return (splits or T_c, grid_heads, batch)
 
 
-def _deterministic_splits(cupy, device_id: int, T_c: int, bh: int, cfg, seqlen_q: int,
-                          rows: int, causal: bool) -> int:
-    """Thread blocks per (batch, head) in deterministic mode with dQ atomics.
+def _head_parts(group: int, blocks_per_part: int, sms: int) -> int:
+    """How many parts the query heads of each kv head are split into in the backward (each
+    part a thread block per column block, summing its heads into dK_j, dV_j in registers): 1,
+    so that no float32 copy of dK, dV is needed, unless that gives fewer blocks than the GPU
+    has SMs; then the smallest divisor of the group that fills them (its float32 slices, one
+    per part, are summed after the kernel)."""
+    for parts in range(1, group + 1):
+        if group % parts == 0 and blocks_per_part * parts >= sms:
+            return parts
+    return group
 
-    Block x of a (batch, head) takes T_c / splits column blocks in turn, so the compute time
+
+# The deterministic mode's split slices of float32 dQ take at most this many bytes beyond
+# twice the float32 dQ (see _deterministic_splits).
+_SPLIT_SCRATCH_FLOOR = 64 << 20
+
+
+def _deterministic_splits(sms: int, T_c: int, bh: int, cfg, rows_per_bh: int,
+                          slice_bytes: int, causal: bool) -> int:
+    """Thread blocks per (batch, kv head) in deterministic mode with dQ atomics (sm_80-89).
+
+    Block x of a (batch, kv head) takes T_c / splits column blocks in turn, so the compute time
     goes as (waves of blocks) x (column blocks per block): ceil(bh * splits / SMs) *
     ceil(T_c / splits), one block per SM (the default mode runs ceil(bh * T_c / SMs) waves of
-    one column block each). Each split also costs one float32 copy of dQ, written once and read
-    once. The split count with the lowest estimate of the two, at most 16; the estimate takes a
-    column block at ~1.6 TFLOP/s per SM (2.5 forward-sized matmuls of B_c x seqlen_q x HD, half
-    of them under a causal mask) and memory at ~3 TB/s."""
-    sms = _device_properties(cupy, device_id)["multiProcessorCount"]
-    block_s = 2.5 * 4 * cfg.B_c * seqlen_q * cfg.HD * (0.5 if causal else 1.0) / 1.6e12
-    slice_s = 2 * bh * rows * cfg.HD * 4 / 3e12
+    one column block each). Each split also costs one float32 copy of dQ (`slice_bytes`),
+    written once and read once, and the copies together may take at most
+    max(2 x slice_bytes, 64 MiB). The split count with the lowest estimate, at most 16; the
+    estimate takes a column block at ~1.6 TFLOP/s per SM (2.5 forward-sized matmuls of
+    B_c x rows_per_bh x HD, half of them under a causal mask) and memory at ~3 TB/s."""
+    block_s = 2.5 * 4 * cfg.B_c * rows_per_bh * cfg.HD * (0.5 if causal else 1.0) / 1.6e12
+    slice_s = 2 * slice_bytes / 3e12
+    limit = max(2, min(16, max(2 * slice_bytes, _SPLIT_SCRATCH_FLOOR) // max(1, slice_bytes)))
     best_cost, best = None, 1
-    for splits in range(1, min(T_c, 16) + 1):
+    for splits in range(1, min(T_c, limit) + 1):
         cost = -(-bh * splits // sms) * -(-T_c // splits) * block_s + splits * slice_s
         if best_cost is None or cost < best_cost:
             best_cost, best = cost, splits
@@ -541,10 +712,24 @@ def attention_with_vjp(q, k, v, causal: bool = False, softmax_scale: float | Non
 
     For custom autodiff code: the closure keeps only q, k, v, out and lse (the float32
     log-sum-exp, batch x heads x seqlen_q) as residuals; no N x N matrix is ever stored.
+    The forward runs on the current stream; ``vjp`` may be called on any stream of the same
+    device: it first makes that stream wait for the forward (a CUDA event), so it never reads
+    out or lse before they are written.
+
+    Raises
+    ------
+    As :func:`forward` and :func:`backward`.
     """
+    deterministic = _check_flag("deterministic", deterministic)
     out, lse = forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    cupy = _cupy()
+    with _on_device(cupy, q.data.device_id):
+        written = cupy.cuda.Event(block=False, disable_timing=True)
+        written.record()
 
     def vjp(dout):
+        with _on_device(cupy, q.data.device_id):
+            cupy.cuda.get_current_stream().wait_event(written)
         return backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
                         deterministic=deterministic)
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import re
 import struct
 import threading
-from functools import lru_cache
+import warnings
+from functools import cache
 from pathlib import Path
 
 __all__ = [
@@ -44,10 +46,8 @@ def _find_kernel_dir() -> Path:
     for candidate in (here / "kernels", here.parent / "kernels"):
         if (candidate / "common.cuh").is_file():
             return candidate
-    raise ImportError(
-        "cuflash: kernel sources not found (looked in %s and %s); the installation is broken"
-        % (here / "kernels", here.parent / "kernels")
-    )
+    raise ImportError(f"cuflash: kernel sources not found (looked in {here / 'kernels'} and "
+                      f"{here.parent / 'kernels'}); the installation is broken")
 
 
 KERNEL_DIR = _find_kernel_dir()
@@ -113,7 +113,7 @@ _key_locks: dict = {}
 _key_locks_guard = threading.Lock()
 
 
-@lru_cache(maxsize=None)
+@cache
 def _expanded(filename: str, kernel_dir: Path) -> tuple[str, str]:
     src = expand_source(filename, kernel_dir)
     return src, hashlib.sha256(src.encode()).hexdigest()[:16]
@@ -137,19 +137,58 @@ def get_kernel(filename: str, name_expression: str, options: tuple = ()):
     with lock:
         kernel = _cache.get(key)
         if kernel is None:
-            module = cupy.RawModule(code=source, options=opts,
-                                    name_expressions=[name_expression])
-            try:
-                kernel = module.get_function(name_expression)
-            except cupy.cuda.compiler.CompileException as exc:
-                log = str(exc)
-                loc = first_error_location(log)
-                where = f"{loc[0]}:{loc[1]}: {loc[2]}" if loc else f"{filename}: compile failed"
-                raise KernelCompileError(
-                    f"{where}\n(while compiling {name_expression} from {filename}; full "
-                    f"compiler log below)\n{log}", log) from None
-            _cache[key] = kernel
+            kernel = _cache[key] = _compile(cupy, source, opts, filename, name_expression)
     return kernel
+
+
+def _compile(cupy, source: str, opts: tuple, filename: str, name_expression: str):
+    """NVRTC through cupy.RawModule (CuPy keeps the binary in its disk cache). Where that
+    cache cannot be used (CUPY_CACHE_DIR read-only, full or missing), compile again without it,
+    keeping the kernel in this process only, and warn once."""
+    try:
+        if not _disk_cache_failed:
+            return _get_function(cupy, source, opts, filename, name_expression)
+    except OSError as exc:
+        _disk_cache_unusable(exc)
+    with _in_memory_lock:  # CuPy reads this variable at each compile
+        saved = os.environ.get("CUPY_CACHE_IN_MEMORY")
+        os.environ["CUPY_CACHE_IN_MEMORY"] = "1"
+        try:
+            return _get_function(cupy, source, opts, filename, name_expression)
+        finally:
+            if saved is None:
+                del os.environ["CUPY_CACHE_IN_MEMORY"]
+            else:
+                os.environ["CUPY_CACHE_IN_MEMORY"] = saved
+
+
+def _get_function(cupy, source, opts, filename, name_expression):
+    module = cupy.RawModule(code=source, options=opts, name_expressions=[name_expression])
+    try:
+        return module.get_function(name_expression)
+    except cupy.cuda.compiler.CompileException as exc:
+        log = str(exc)
+        loc = first_error_location(log)
+        where = f"{loc[0]}:{loc[1]}: {loc[2]}" if loc else f"{filename}: compile failed"
+        raise KernelCompileError(
+            f"{where}\n(while compiling {name_expression} from {filename}; full "
+            f"compiler log below)\n{log}", log) from None
+
+
+_disk_cache_failed = False
+_in_memory_lock = threading.Lock()
+
+
+def _disk_cache_unusable(exc: OSError) -> None:
+    global _disk_cache_failed
+    with _in_memory_lock:
+        if _disk_cache_failed:
+            return
+        _disk_cache_failed = True
+    warnings.warn(f"cuflash: CuPy's kernel cache directory cannot be used ({exc}); compiled "
+                  "kernels are kept in memory for this process only (set CUPY_CACHE_DIR to a "
+                  "writable directory to keep them across processes)", RuntimeWarning,
+                  stacklevel=4)
 
 
 # One 8-byte slot per kernel parameter (cuLaunchKernel takes a pointer to each value, so the
@@ -192,19 +231,29 @@ class PackedLaunch:
         self._launch = driver.launchKernel
         self._current_context = driver.ctxGetCurrent
         self._set_device = runtime.setDevice
+        self._init_context = lambda: runtime.free(0)  # cudaFree(0): binds the context
         self._func = kernel.kernel.ptr  # the CUfunction of the current device (loads it there)
         self._device = runtime.getDevice()
-        self._context = driver.ctxGetCurrent()  # that device's primary context
+        # That device's primary context, bound to this thread first: a thread that has made no
+        # CUDA runtime call yet (a fresh one, after precompile() loaded every kernel elsewhere)
+        # has no context current at all, and 0 must not be taken for the context.
+        self._bind_context()
+        self._context = driver.ctxGetCurrent()
         self._args = ArgSlots(signature)
         self._lock = threading.Lock()  # one buffer: one launch at a time fills it
 
+    def _bind_context(self) -> None:
+        """Make the device's primary context current on this thread. The runtime binds it
+        lazily, and CuPy's memory pool may have served every allocation of a thread without
+        a CUDA call. The caller has made this device current already, so the thread's device
+        does not change."""
+        self._set_device(self._device)
+        if not self._current_context():  # (runtimes that bind only on first use)
+            self._init_context()
+
     def __call__(self, grid, block: int, shared_mem: int, stream: int, *args) -> None:
-        if self._current_context() != self._context:
-            # A thread that has made no CUDA runtime call yet has no context current (the
-            # runtime binds the device's primary context lazily, and CuPy's memory pool may
-            # have served every allocation so far): cudaSetDevice binds it. The caller has
-            # made this device current already, so the thread's device does not change.
-            self._set_device(self._device)
+        if self._current_context() != self._context:  # a thread's first launch
+            self._bind_context()
         with self._lock:
             self._args.pack(*args)
             self._launch(self._func, grid[0], grid[1], grid[2], block, 1, 1, shared_mem, stream,

@@ -26,15 +26,14 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=20)
     args = p.parse_args(argv)
 
+    from cuflash._api import INSTALL_HINT, NO_GPU_MESSAGE
     try:
         import cupy as cp
     except ImportError:
-        print("cuflash demo: CuPy is not installed: pip install -e '.[cuda12]' (or [cuda13])",
-              file=sys.stderr)
+        print(f"cuflash demo: CuPy is not installed: {INSTALL_HINT}", file=sys.stderr)
         return 2
     if not cp.cuda.is_available():
-        print("cuflash demo: no CUDA GPU found on this machine; cuflash's kernels need an "
-              "NVIDIA GPU of compute capability 8.0 or newer. Nothing was run.", file=sys.stderr)
+        print(f"cuflash demo: {NO_GPU_MESSAGE}. Nothing was run.", file=sys.stderr)
         return 2
 
     import ml_dtypes

@@ -183,8 +183,13 @@ struct BackwardTile {
 // float32. dQ_accum: (splits, batch, heads, seqlen_q, HD) float32, zeroed; with DQ_BULK
 // (batch, heads, T_r, B_r * HD), T_r = ceil(seqlen_q / B_r), in fragment order (zeroed unless
 // ORDERED). dQ_order: ORDERED, (batch, heads, T_r) int32, zeroed.
-// dK, dV: when `expanded` is 0, the input dtype with kv heads (group == 1); when 1, float32
-// with one slice per query head (batch, seqlen_k, heads, d), summed over each group afterwards.
+// GQA / MQA: the grid's head dimension enumerates (kv head, part), head_parts parts per kv
+// head. A block of kv head hk and part p keeps K_j, V_j and dK_j, dV_j of head hk and walks
+// the group / head_parts query heads hk * group + p * (group / head_parts) + 0, 1, ... in turn,
+// all their row blocks each, so dK_j, dV_j come out summed over those query heads in
+// registers. dK, dV: with head_parts == 1, in the input dtype (batch, seqlen_k, heads_k, d);
+// with head_parts > 1 (used where one part per kv head would leave SMs idle), float32 slices
+// (head_parts, batch, seqlen_k, heads_k, d), contiguous, which the caller sums.
 template <typename T, int HD, int B_r, int B_c, int NWARPS, int WM_SDP, int WM_DKV, int WM_DQ,
           int QSTAGES, int DQ_BULK, bool CAUSAL, bool ORDERED>
 __global__ void __launch_bounds__(NWARPS * 32, 1)
@@ -192,8 +197,8 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
              const elem_t* __restrict__ V, const elem_t* __restrict__ dO,
              const float* __restrict__ L, const float* __restrict__ Dsum,
              float* __restrict__ dQ_accum, int* __restrict__ dQ_order, void* __restrict__ dK,
-             void* __restrict__ dV, int deterministic, int expanded, int seqlen_q, int seqlen_k,
-             int d, int group,
+             void* __restrict__ dV, int deterministic, int nheads, int head_parts, int seqlen_q,
+             int seqlen_k, int d, int group,
              long long q_stride_b, long long q_stride_s, long long q_stride_h,
              long long k_stride_b, long long k_stride_s, long long k_stride_h,
              long long v_stride_b, long long v_stride_s, long long v_stride_h,
@@ -232,9 +237,10 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     // Grid (T_c or splits, heads, batch); ORDERED and non-causal: (heads, batch, T_c) (see
     // "Deterministic mode" above).
     constexpr bool by_head = ORDERED && !CAUSAL;
-    const int head = by_head ? blockIdx.x : blockIdx.y, nheads = by_head ? gridDim.x : gridDim.y;
+    const int grid_head = by_head ? blockIdx.x : blockIdx.y;  // (kv head, part), see above
     const int batch = by_head ? blockIdx.y : blockIdx.z, nbatch = gridDim.z;
-    // kv head head / group: computed where K_j, V_j are loaded, not held through the loop
+    // The query head whose row blocks are being visited (the loop over heads below).
+    int head = 0;
     const int chunks = d / 8;
     const int T_c = (seqlen_k + B_c - 1) / B_c;
 
@@ -250,8 +256,8 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     // the lane index (a few integer ops per phase), so that only the two a phase uses are live.
     constexpr bool REBUILD = HD > 128;
     // d 64 in layout 4/4/4 runs at 255 registers: there the row-block indices (loader, buffer
-    // parity, mask test) also come from opaque copies; otherwise ptxas derives them from values
-    // it then holds through the loop, and spills 4-16 bytes of them.
+    // parity, mask test) and the range of row blocks also come from opaque copies; otherwise
+    // ptxas derives them from values it then holds through the loop, and spills 4-84 bytes.
     constexpr bool OPAQUE_ROWS = HD == 64 && WM_SDP == 4;
     auto rows_opaque = [&](int x) { return OPAQUE_ROWS ? opaque(x) : x; };
     auto lane_id = [&]() { return REBUILD ? opaque(lane) : lane; };
@@ -350,7 +356,13 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     for (int j = !ORDERED ? (int)blockIdx.x : T_c - 1 - (int)(by_head ? blockIdx.z : blockIdx.x);
          j < (CAUSAL ? T_c : (opaque(seqlen_k) + B_c - 1) / B_c); j = next_column(j)) {
         const int col0 = j * B_c;  // first key of K_j
-        const RowBlocks rb = row_blocks<B_r, B_c, CAUSAL>(j, seqlen_q, seqlen_k);
+        // The row blocks that see column block j (OPAQUE_ROWS tiles recompute the range where
+        // it is used rather than hold it in two registers).
+        const RowBlocks rb_j = row_blocks<B_r, B_c, CAUSAL>(j, seqlen_q, seqlen_k);
+        auto rb = [&] {
+            return OPAQUE_ROWS ? row_blocks<B_r, B_c, CAUSAL>(opaque(j), opaque(seqlen_q),
+                                                              opaque(seqlen_k)) : rb_j;
+        };
 
         float dk[KV_MT][KV_NT][4], dv[KV_MT][KV_NT][4];  // dK_j, dV_j: this warp's tile
 #pragma unroll
@@ -361,16 +373,18 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                 for (int e = 0; e < 4; ++e) dk[mt][nt][e] = dv[mt][nt][e] = 0.f;
 
         __syncthreads();  // the previous column block is done with every buffer
-        if (rb.begin < rb.end) {
+        head = opaque(grid_head) / head_parts * group +
+               opaque(grid_head) % head_parts * (group / head_parts);  // the part's first
+        if (rb().begin < rb().end) {
             // K_j, V_j and the first row block in one cp.async group.
-            const long long b = opaque(batch), hk = opaque(head) / group;
+            const long long b = opaque(batch), hk = opaque(grid_head) / head_parts;
             load_tile_async<B_c, PITCH, NTHREADS>(
                 sK, K + b * k_stride_b + hk * k_stride_h + col0 * k_stride_s, k_stride_s,
                 seqlen_k - col0, chunks, opaque(tid));
             load_tile_async<B_c, PITCH, NTHREADS>(
                 sV, V + b * v_stride_b + hk * v_stride_h + col0 * v_stride_s, v_stride_s,
                 seqlen_k - col0, chunks, opaque(tid));
-            load_row_block(rb.begin, 0, ROW_ALL);
+            load_row_block(rb().begin, 0, ROW_ALL);
             cp_async_commit();
         }
 
@@ -466,7 +480,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             // the one issued at the top of this step has completed (about half a step ago)
             // and the next column block may add into row block i - 1.
             if constexpr (ORDERED) {
-                if (i > rb.begin) release_dq(i - 1, j);
+                if (i > rb().begin) release_dq(i - 1, j);
             } else if constexpr (DQ_BULK > 0) {
                 if (tid == 0) bulk_wait_read<DQ_BULK - 1>();
             }
@@ -498,7 +512,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                 // QSTAGES = 2: dO_{i+1} into the other buffer (read last in step i - 1), issued
                 // here rather than with Q_{i+1} at the top of the step: the copies are spread
                 // over the step (measured +4-7% at d 64-128, +10% at d 96; PERFORMANCE.md).
-                if (QSTAGES == 2 && i + 1 < rb.end) {
+                if (QSTAGES == 2 && i + 1 < rb().end) {
                     load_row_block(i + 1, buf ^ 1, ROW_DO);
                     cp_async_commit();
                 }
@@ -506,7 +520,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                 // QSTAGES = 1: the one row-block buffer is free once every warp is done with
                 // its dK product, so row block i + 1 loads during the dQ product (rather than
                 // after the step, overlapping nothing: measured +2-10% at d 160-192).
-                if (QSTAGES == 1 && i + 1 < rb.end) {
+                if (QSTAGES == 1 && i + 1 < rb().end) {
                     __syncthreads();
                     load_row_block(i + 1, 0, ROW_ALL);
                     cp_async_commit();
@@ -590,39 +604,49 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
             if (DQ_BULK) fence_proxy_async_shared();  // the dQ tile: visible to the copy engine
         };
 
-        for (int i = rb.begin; i < rb.end; ++i) {
-            const int buf = QSTAGES == 2 ? (i - rows_opaque(rb.begin)) & 1 : 0;
-            if (i > rb.begin) await_turn(i - 1, j);  // (ORDERED)
-            cp_async_wait<0>();
-            // Row block i (and K_j, V_j) are in shared memory, and every warp is done with
-            // step i - 1: its row-block buffer, P and dS may be overwritten, its dQ tile sent.
-            __syncthreads();
-            if (DQ_BULK && i > rb.begin) {  // step i - 1's dQ tile is complete
-                flush_dq(i - 1, j);
-            }
-            if (QSTAGES == 2 && i + 1 < rb.end) {  // Q_{i+1}, L, D load during this step
-                load_row_block(i + 1, buf ^ 1, ROW_QLD);
+        // The query heads of this block's part in turn (one without GQA): for each, every row
+        // block that sees column block j. K_j, V_j stay in shared memory, dK_j and dV_j keep
+        // accumulating. (Of the loop forms tried, this one left every tile spill-free.)
+        for (const int head_end = head + group / head_parts; head < head_end; ++head) {
+            if (head + group / head_parts != head_end && rb().begin < rb().end) {  // not the 1st
+                __syncthreads();  // every warp is done with the previous head's last row block
+                load_row_block(rb().begin, 0, ROW_ALL);
                 cp_async_commit();
             }
-            if (block_needs_mask<B_r, B_c, CAUSAL>(i, j, rows_opaque(seqlen_q),
-                                                   rows_opaque(seqlen_k)) ||
-                (i + 1) * B_r > seqlen_q)
-                step(i, buf, Bool<true>{});
-            else
-                step(i, buf, Bool<false>{});
-        }
+            for (int i = rb().begin; i < rb().end; ++i) {
+                const int buf = QSTAGES == 2 ? (i - rows_opaque(rb().begin)) & 1 : 0;
+                if (i > rb().begin) await_turn(i - 1, j);  // (ORDERED)
+                cp_async_wait<0>();
+                // Row block i (and K_j, V_j) are in shared memory, and every warp is done with
+                // step i - 1: its row-block buffer, P and dS may be overwritten, its dQ tile sent.
+                __syncthreads();
+                if (DQ_BULK && i > rb().begin) {  // step i - 1's dQ tile is complete
+                    flush_dq(i - 1, j);
+                }
+                if (QSTAGES == 2 && i + 1 < rb().end) {  // Q_{i+1}, L, D load during this step
+                    load_row_block(i + 1, buf ^ 1, ROW_QLD);
+                    cp_async_commit();
+                }
+                if (block_needs_mask<B_r, B_c, CAUSAL>(i, j, rows_opaque(seqlen_q),
+                                                       rows_opaque(seqlen_k)) ||
+                    (i + 1) * B_r > seqlen_q)
+                    step(i, buf, Bool<true>{});
+                else
+                    step(i, buf, Bool<false>{});
+            }
 
-        if (DQ_BULK && rb.begin < rb.end) {
-            await_turn(rb.end - 1, j);
-            __syncthreads();  // the last row block's dQ tile is complete
-            flush_dq(rb.end - 1, j);
-            release_dq(rb.end - 1, j);
-        }
+            if (DQ_BULK && rb().begin < rb().end) {
+                await_turn(rb().end - 1, j);
+                __syncthreads();  // the last row block's dQ tile is complete
+                flush_dq(rb().end - 1, j);
+                release_dq(rb().end - 1, j);
+            }
+        }  // query heads
 
         // ---- epilogue: dK_j = scale * dK_j, dV_j, written straight from registers ----------
-        // dK_j, dV_j of query head `head`: with expanded slices one per query head; without,
-        // group == 1 and the kv head is the query head.
-        const long long out_head = opaque(head);
+        // summed over the part's query heads, to kv head grid_head / head_parts: in the input
+        // dtype, or (head_parts > 1) into float32 slice grid_head % head_parts.
+        const long long out_head = opaque(grid_head) / head_parts;
         const int l_e = opaque(lane), w_e = opaque(warp);
         const int kv_m_e = w_e % WM_DKV, kv_n_e = w_e / WM_DKV;
 #pragma unroll
@@ -639,9 +663,11 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
                 const float k0 = dk[mt][nt][e2 * 2] * softmax_scale;
                 const float k1 = dk[mt][nt][e2 * 2 + 1] * softmax_scale;
                 const float v0 = dv[mt][nt][e2 * 2], v1 = dv[mt][nt][e2 * 2 + 1];
-                if (expanded) {
-                    float* fk = static_cast<float*>(dK) + base + nt * 8;
-                    float* fv = static_cast<float*>(dV) + base + nt * 8;
+                if (head_parts > 1) {
+                    const long long slice =
+                        (long long)(opaque(grid_head) % head_parts) * nbatch * dk_stride_b;
+                    float* fk = static_cast<float*>(dK) + slice + base + nt * 8;
+                    float* fv = static_cast<float*>(dV) + slice + base + nt * 8;
                     fk[0] = k0; fk[1] = k1;
                     fv[0] = v0; fv[1] = v1;
                 } else {

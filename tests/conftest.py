@@ -1,14 +1,16 @@
 """Shared fixtures. GPU tests use the `gpu` marker and are skipped, with the reason, where no
-CUDA device of compute capability >= 8.0 is visible."""
+CUDA device of compute capability >= 8.0 is visible; `slow` tests run only with --slow."""
 
 import pytest
+
+from cuflash._api import INSTALL_HINT
 
 
 def _gpu_status():
     try:
         import cupy
     except ImportError as exc:
-        return False, f"CuPy is not installed ({exc}); install cuflash[cuda12] or [cuda13]"
+        return False, f"CuPy is not installed ({exc}); {INSTALL_HINT}"
     try:
         if not cupy.cuda.is_available():
             return False, "no CUDA GPU visible (cupy.cuda.is_available() is False)"
@@ -23,10 +25,17 @@ def _gpu_status():
 GPU_AVAILABLE, GPU_SKIP_REASON = _gpu_status()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the tests marked slow (minutes each on an H200)")
+
+
 def pytest_collection_modifyitems(config, items):
-    if GPU_AVAILABLE:
-        return
-    skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
+    skip_gpu = pytest.mark.skip(reason=GPU_SKIP_REASON)
+    skip_slow = pytest.mark.skip(reason="slow test: run with pytest --slow")
+    run_slow = config.getoption("--slow")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not GPU_AVAILABLE:
+            item.add_marker(skip_gpu)
+        elif "slow" in item.keywords and not run_slow:
+            item.add_marker(skip_slow)

@@ -90,3 +90,23 @@ def test_config_from_shape_reads_the_bench_notation():
     assert bwd == _plan.BackwardConfig(128, 64, 128, 8, 2, 4, 2, 2, dq_bulk=2)
     assert _plan.config_from_shape("bwd", 128, "64x128x8x2x4x2x2").dq_bulk == 0
     assert _plan.config_from_shape("bwd", 64, "128x128x8x2x4x4x2x1", bulk=True).dq_bulk == 1
+
+
+@pytest.mark.parametrize("cmd", [
+    [str(BENCH / "bench.py")],
+    ["-m", "cuflash.demo"],
+    ["-c", "import cuflash; cuflash.precompile()"],
+], ids=["bench", "demo", "precompile"])
+def test_no_gpu_is_said_plainly(cmd):
+    """With no GPU visible (CUDA_VISIBLE_DEVICES empty), the bench, the demo and precompile()
+    say "no CUDA GPU" instead of failing with a CUDA driver traceback."""
+    import os
+    import subprocess
+    pytest.importorskip("cupy", reason="CuPy not installed: nothing to detect the GPU with")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    res = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, env=env,
+                         cwd=BENCH.parent, timeout=120)
+    assert res.returncode != 0
+    text = res.stdout + res.stderr
+    assert "no CUDA GPU" in text, text[-2000:]
+    assert "Traceback" not in text or "RuntimeError: no CUDA GPU" in text, text[-2000:]

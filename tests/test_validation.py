@@ -213,3 +213,118 @@ def test_unknown_algorithm_is_rejected_before_anything_else():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="algorithm must be 'fa2' or 'fa1'"):
         cuflash.forward(q, k, v, algorithm="fa3")
+
+
+# ---- hardening (issue 15): arguments that used to be read wrongly or crash ------------------
+
+def test_byte_strides_must_be_whole_elements():
+    """An as_strided view whose byte strides are not multiples of the item size would be
+    rounded down to whole elements by the kernels: refused."""
+    base = np.zeros(4096, np.float16)
+    bad = np.lib.stride_tricks.as_strided(base, (1, 4, 2, 64), (4096, 257, 128, 2))
+    q, k, v = qkv(b=1, sq=4, sk=4, h=2, hk=2)
+    with pytest.raises(ValueError, match="not multiples of its item size"):
+        _api._check_shapes(bad, k, v)
+
+
+@pytest.mark.parametrize("scale", [3e38, 1e-50, True, False, "0.1", 1j, np.bool_(True),
+                                   float("-inf"), -0.0])
+def test_softmax_scale_must_be_a_float32_real(scale):
+    with pytest.raises(ValueError, match="softmax_scale") as err:
+        _api._softmax_scale(scale, 64)
+    assert repr(scale) in str(err.value)  # the message names the value
+
+
+@pytest.mark.parametrize("scale", [0.1, np.float32(0.25), np.float64(2.0), 7, 1e30])
+def test_softmax_scale_accepts_reals(scale):
+    assert _api._softmax_scale(scale, 64) == float(scale)
+
+
+@pytest.mark.parametrize("flag", ["False", "True", 0, 1, None, 1.0])
+def test_flags_must_be_bools(flag):
+    with pytest.raises(TypeError, match="must be a bool"):
+        _api._check_flag("causal", flag)
+    assert _api._check_flag("causal", np.bool_(True)) is True
+    assert _api._check_flag("causal", False) is False
+
+
+def test_public_flags_are_checked_before_anything_runs():
+    import cuflash
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        cuflash.forward(q, k, v, causal="False")
+    with pytest.raises(TypeError, match="verbose must be a bool"):
+        cuflash.forward(q, k, v, verbose="yes")
+    with pytest.raises(TypeError, match="algorithm must be"):
+        cuflash.forward(q, k, v, algorithm=2)
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        cuflash.backward(q, q, k, v, q, None, deterministic="True")
+
+
+def test_public_signatures_show_no_tuning_hooks():
+    import inspect
+
+    import cuflash
+    for fn in (cuflash.forward, cuflash.backward, cuflash.attention_with_vjp,
+               cuflash.precompile):
+        params = inspect.signature(fn).parameters
+        assert not [p for p in params if p.startswith("_")], fn.__name__
+        assert "Raises" in fn.__doc__, f"{fn.__name__}: no Raises section"
+
+
+class _Fake:
+    """What _check_no_overlap reads of an array: .data.ptr, shape, strides, itemsize, size."""
+
+    def __init__(self, ptr, shape, strides, itemsize=2):
+        self.data = type("D", (), {"ptr": ptr})()
+        self.shape, self.strides, self.itemsize = shape, strides, itemsize
+        self.size = int(np.prod(shape))
+
+
+def test_byte_ranges_and_overlap():
+    a = _Fake(1000, (2, 3), (6, 2))                   # bytes 1000 .. 1012
+    assert _api._byte_range(1000, a) == (1000, 1012)
+    neg = _Fake(1000, (4,), (-2,))                    # 994 .. 1002
+    assert _api._byte_range(1000, neg) == (994, 1002)
+    assert _api._byte_range(1000, _Fake(1000, (0, 3), (6, 2))) == (1000, 1000)
+    _api._check_no_overlap({"out": _Fake(1012, (2, 3), (6, 2))}, {"q": a})  # adjacent: fine
+    with pytest.raises(ValueError, match="out shares memory with q"):
+        _api._check_no_overlap({"out": _Fake(1010, (2, 3), (6, 2))}, {"q": a})
+    with pytest.raises(ValueError, match="dq shares memory with dk"):
+        _api._check_no_overlap({"dq": a, "dk": _Fake(1004, (1,), (2,))}, {})
+    with pytest.raises(ValueError, match="lse shares memory with v"):
+        _api._check_no_overlap({"lse": _Fake(990, (2,), (4,), 4)}, {"v": neg})
+
+
+def test_deterministic_split_scratch_is_bounded():
+    """sm_80-89 deterministic mode: the split slices of float32 dQ stay within
+    max(2 x dQ, 64 MiB) (it was up to 16 copies: 1 GiB for a 32 MiB q)."""
+    cfg = _plan.BackwardConfig(128, 64, 128, 8, 2, 4, 2, 2)
+    slice_bytes = 4 * 32768 * 128 * 4                 # b x h = 4, seqlen 32k, d 128
+    splits = _api._deterministic_splits(108, 256, 4, cfg, 32768, slice_bytes, False)
+    assert 1 <= splits <= 2
+    small = 1 * 2 * 1024 * 128 * 4                     # 1 MiB: many slices are allowed
+    assert _api._deterministic_splits(108, 8, 2, cfg, 1024, small, False) > 2
+
+
+def test_gqa_head_parts():
+    """GQA backward: one part per kv head (no float32 dK/dV copies) unless that leaves SMs
+    idle; then the smallest divisor of the group that fills them."""
+    assert _api._head_parts(4, 32 * 8 * 4, 132) == 1    # 32 kv blocks x 8 kv heads x batch 4
+    assert _api._head_parts(8, 1, 132) == 8
+    assert _api._head_parts(6, 30, 132) == 6
+    assert _api._head_parts(6, 50, 132) == 3
+    assert _api._head_parts(1, 1, 132) == 1
+
+
+def test_no_gpu_messages(monkeypatch):
+    """Without a GPU, precompile() says so plainly (not with a CUDA driver traceback)."""
+    class NoGpuCupy:
+        class cuda:
+            @staticmethod
+            def is_available():
+                return False
+    monkeypatch.setattr(_api, "_cupy", lambda: NoGpuCupy)
+    import cuflash
+    with pytest.raises(RuntimeError, match="no CUDA GPU found"):
+        cuflash.precompile()
