@@ -238,7 +238,7 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     // "Deterministic mode" above).
     constexpr bool by_head = ORDERED && !CAUSAL;
     const int grid_head = by_head ? blockIdx.x : blockIdx.y;  // (kv head, part), see above
-    const int batch = by_head ? blockIdx.y : blockIdx.z, nbatch = gridDim.z;
+    const int batch = by_head ? blockIdx.y : blockIdx.z, nbatch = by_head ? gridDim.y : gridDim.z;
     // The query head whose row blocks are being visited (the loop over heads below).
     int head = 0;
     const int chunks = d / 8;
