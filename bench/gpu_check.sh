@@ -16,7 +16,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 
 for step in $steps; do
   case $step in
     tests)  # the full suite, CPU and GPU tests
-      python3 -m pytest -rs -q -s -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -30
+      python3 -m pytest -rfEs -q -s -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 \
+        | tee "$OUT/pytest.log" | tail -30
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     slow)  # the slow-marked tests (over 2^31 elements)
       python3 -m pytest -rs -q -s -p no:cacheprovider --slow -m slow 2>&1 \
