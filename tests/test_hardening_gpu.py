@@ -227,6 +227,11 @@ def test_unusable_cache_dir_falls_back_to_memory(monkeypatch):
             raise PermissionError(13, "Permission denied", "/read-only/kernel_cache")
 
     monkeypatch.setattr(compiler, "_kernel_cache_backend", ReadOnly())
+    # An option no other compile in this process used: CuPy also memoises modules in memory
+    # by source and options, and that would serve the kernel without compiling it.
+    import uuid
+    unique = f"-DCUFLASH_CACHE_TEST={uuid.uuid4().int % 10**9}"
+    monkeypatch.setattr(_loader, "NVRTC_OPTIONS", _loader.NVRTC_OPTIONS + (unique,))
     monkeypatch.setattr(_loader, "_cache", {})
     monkeypatch.setattr(_loader, "_disk_cache_failed", False)
     monkeypatch.setattr(_api, "_forward_launches", {})
