@@ -314,16 +314,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
-    try:
-        import cupy as cp
-    except ImportError:
-        from cuflash._api import INSTALL_HINT
-        print(f"bench: CuPy is not installed: {INSTALL_HINT}", file=sys.stderr)
+    from cuflash._api import gpu_missing
+    if gpu_missing():
+        print(f"bench: {gpu_missing()}. Nothing was run.", file=sys.stderr)
         return 2
-    from cuflash._api import NO_GPU_MESSAGE
-    if not cp.cuda.is_available():
-        print(f"bench: {NO_GPU_MESSAGE}. Nothing was run.", file=sys.stderr)
-        return 2
+
+    import cupy as cp
 
     import cuflash
     from cuflash import _plan

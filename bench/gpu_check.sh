@@ -29,7 +29,7 @@ for step in $steps; do
         | tee "$OUT/memcheck.log" | grep -E "SUMMARY|calls done|Error" | head -20
       [ "${PIPESTATUS[0]}" = 0 ] || status=1
       "$cs" --tool racecheck --racecheck-report hazard --error-exitcode 9 \
-        python3 bench/sanitize_target.py --small 2>&1 \
+        python3 bench/sanitize_target.py 2>&1 \
         | tee "$OUT/racecheck.log" | grep -E "SUMMARY|calls done|Error" | head -20
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     gqa)  # GQA backward (32 query heads on 8 kv heads) against FA2, kernel timing

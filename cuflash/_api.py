@@ -30,6 +30,16 @@ def _cupy():
     return cupy
 
 
+def gpu_missing() -> str | None:
+    """Why cuflash cannot run here (no CuPy, or no CUDA GPU), or None: for scripts that want
+    to say so and stop rather than fail with a traceback."""
+    try:
+        import cupy
+    except ImportError:
+        return f"CuPy is not installed: {INSTALL_HINT}"
+    return None if cupy.cuda.is_available() else NO_GPU_MESSAGE
+
+
 def _require_gpu(cupy) -> None:
     """A clear RuntimeError where no CUDA GPU is usable (instead of a driver traceback)."""
     if not cupy.cuda.is_available():

@@ -26,16 +26,11 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=20)
     args = p.parse_args(argv)
 
-    from cuflash._api import INSTALL_HINT, NO_GPU_MESSAGE
-    try:
-        import cupy as cp
-    except ImportError:
-        print(f"cuflash demo: CuPy is not installed: {INSTALL_HINT}", file=sys.stderr)
+    from cuflash._api import gpu_missing
+    if gpu_missing():
+        print(f"cuflash demo: {gpu_missing()}. Nothing was run.", file=sys.stderr)
         return 2
-    if not cp.cuda.is_available():
-        print(f"cuflash demo: {NO_GPU_MESSAGE}. Nothing was run.", file=sys.stderr)
-        return 2
-
+    import cupy as cp
     import ml_dtypes
     import numpy as np
 
