@@ -220,6 +220,10 @@ def test_concurrent_calls_from_host_threads():
 
 def test_runs_on_current_stream():
     q, k, v = make_qkv((2, 333, 4, 64), (2, 333, 4, 64), ml_dtypes.bfloat16, False)
+    # q, k, v were written on the default stream, which a non-blocking stream does not wait
+    # for: the caller orders the streams (the test did not, and read unwritten inputs when
+    # the GPU was busy).
+    cp.cuda.Device().synchronize()
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         out, lse = cuflash.forward(q, k, v, causal=True)

@@ -338,11 +338,12 @@ def test_vjp_on_another_stream_waits_for_the_forward():
     dout = rand(cp, q.shape, q.dtype)
     expect_out, expect_lse = cuflash.forward(q, k, v, causal=True)
     expect = cuflash.backward(dout, q, k, v, expect_out, expect_lse, causal=True)
-    # Leave NaN in the pool blocks the forward's out and lse will reuse.
-    junk = [cp.full(q.shape, np.nan, q.dtype), cp.full(expect_lse.shape, np.nan, cp.float32)]
-    del junk
+    cp.cuda.Device().synchronize()  # (inputs written on the default stream)
     fwd_stream, bwd_stream = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
     with fwd_stream:
+        # Leave NaN in the pool blocks (of this stream) that out and lse will reuse.
+        junk = [cp.full(q.shape, np.nan, q.dtype), cp.full(expect_lse.shape, np.nan, cp.float32)]
+        del junk
         _spin(200)  # the forward waits behind this
         out, vjp = cuflash.attention_with_vjp(q, k, v, causal=True)
     with bwd_stream:
