@@ -9,7 +9,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import _loader, _plan
+from . import _loader, _params, _plan
 
 MIN_COMPUTE_CAPABILITY = 80
 _GRID_YZ_MAX = 65535  # CUDA limit on gridDim.y / gridDim.z (heads, batch)
@@ -129,14 +129,14 @@ def _check_shapes(q, k, v) -> tuple:
     """Every check that needs only shapes, dtypes and strides (no GPU). Layouts that passed
     once are remembered, with what the launches derive from them: training loops call with
     the same few layouts every step. Returns (strides, rows_aligned): the (batch, seq, head)
-    strides of q, k, v in elements (9 ints) and whether every row of all three starts on a
+    strides of q, k, v in elements (three 3-tuples) and whether every row of all three starts on a
     16-byte boundary when the array itself does."""
     key = (q.shape, k.shape, v.shape, q.strides, k.strides, v.strides, q.dtype, k.dtype,
            v.dtype)
     derived = _layouts_ok.get(key)
     if derived is None:
         _check_shapes_uncached(q, k, v)
-        derived = (_strides(q) + _strides(k) + _strides(v),
+        derived = ((_strides(q), _strides(k), _strides(v)),
                    all(_rows_aligned(x.shape, x.strides, x.itemsize) for x in (q, k, v)))
         if len(_layouts_ok) > 1024:
             _layouts_ok.clear()
@@ -246,12 +246,12 @@ def _check_qkv(q, k, v):
 
 
 def _aligned_qkv(cupy, q, k, v, layout) -> tuple:
-    """q, k, v with 16-byte aligned rows (see _aligned) and their strides (9 ints)."""
+    """q, k, v with 16-byte aligned rows (see _aligned) and their strides (three 3-tuples)."""
     strides, rows_aligned = layout
     if rows_aligned and (q.data.ptr | k.data.ptr | v.data.ptr) % 16 == 0:
         return q, k, v, strides
     q, k, v = (_aligned(cupy, x) for x in (q, k, v))
-    return q, k, v, _strides(q) + _strides(k) + _strides(v)
+    return q, k, v, (_strides(q), _strides(k), _strides(v))
 
 
 def _on_device(cupy, device_id: int):
@@ -382,7 +382,8 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
         q, k, v, qkv_strides = _aligned_qkv(cupy, q, k, v, layout)
         HD = _plan.head_dim_bucket(d)
         if algorithm == "fa1":
-            _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose)
+            _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose,
+                         qkv_strides, out_strides)
             return out, lse
         # The tile shape and compiled kernel for this (device, dtype, d, mask, short keys or
         # not), looked up once.
@@ -395,52 +396,66 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
             kernel = _loader.get_kernel(
                 _plan.FORWARD_FILE, _plan.forward_kernel_name(_dtype_name(q.dtype), cfg, causal))
             _set_smem(kernel, cfg.smem_bytes)
-            launch = _forward_launches[key] = (cfg, _loader.PackedLaunch(kernel, _FORWARD_ARGS))
-        cfg, kernel = launch
+            launch = _forward_launches[key] = (cfg, _loader.Launcher(kernel),
+                                               _loader.ParamBuffer(_params.FWD))
+        cfg, kernel, params = launch
         grid = ((seqlen_q + cfg.B_r - 1) // cfg.B_r, nheads, batch)
         if verbose:
             print(f"FA2 plan: B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.nwarps} warps, grid "
                   f"{grid} (row blocks, heads, batch), {cfg.smem_bytes} bytes of shared memory")
-        kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr,
-               q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr,
-               seqlen_q, seqlen_k, d, nheads // nheads_k, *qkv_strides, *out_strides,
-               scale, scale * _LOG2E)
+        qs, ks, vs = qkv_strides
+        with params.lock:
+            params.pack(q=q.data.ptr, k=k.data.ptr, v=v.data.ptr, o=out.data.ptr,
+                        lse=lse.data.ptr, q_strides=qs, k_strides=ks, v_strides=vs,
+                        o_strides=out_strides, seqlen_q=seqlen_q, seqlen_k=seqlen_k, d=d,
+                        group=nheads // nheads_k, softmax_scale=scale,
+                        scale_log2=scale * _LOG2E)
+            kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr,
+                   params)
     return out, lse
 
-
-# fa2_forward's parameters (PackedLaunch letters): Q, K, V, O, L; seqlen_q, seqlen_k, d, group;
-# (batch, seq, head) strides of Q, K, V, O; softmax_scale, scale_log2.
-_FORWARD_ARGS = "PPPPP" + "iiii" + "qqq" * 4 + "ff"
 
 
 _forward_launches: dict = {}
 
 
-def _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose):
+def _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose,
+                 qkv_strides, out_strides):
     """FlashAttention-1 (kernels/fa1_forward.cu): one thread block per (head, batch); O, l, m
-    live in HBM (O as a float32 workspace) between inner steps."""
+    live in HBM (O as a float32 workspace) between inner steps; fa1_finalize writes out and
+    L."""
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    cfg = _plan.fa1_config(HD, _max_smem(cupy, device_id))
+    key = (device_id, q.dtype, HD, causal)
+    launch = _fa1_launches.get(key)
+    if launch is None:
+        cfg = _plan.fa1_config(HD, _max_smem(cupy, device_id))
+        dtype_name = _dtype_name(q.dtype)
+        kernel = _loader.get_kernel(_plan.FA1_FILE,
+                                    _plan.fa1_kernel_name(dtype_name, cfg, causal))
+        _set_smem(kernel, cfg.smem_bytes)
+        fin = _loader.get_kernel(_plan.FA1_FILE, _plan.fa1_finalize_name(dtype_name))
+        launch = _fa1_launches[key] = (cfg, _loader.Launcher(kernel), _loader.Launcher(fin),
+                                       _loader.ParamBuffer(_params.FWD))
+    cfg, kernel, fin, params = launch
     if verbose:
         print(cfg.describe(seqlen_q, seqlen_k))
-    dtype_name = _dtype_name(q.dtype)
     O = cupy.zeros((batch, nheads, seqlen_q, d), dtype=cupy.float32)     # O_i = 0
     l = cupy.zeros((batch, nheads, seqlen_q), dtype=cupy.float32)        # l_i = 0
     m = cupy.full((batch, nheads, seqlen_q), -np.inf, dtype=cupy.float32)  # m_i = -inf
-    kernel = _loader.get_kernel(_plan.FA1_FILE, _plan.fa1_kernel_name(dtype_name, cfg, causal))
-    _set_smem(kernel, cfg.smem_bytes)
-    kernel((nheads, batch), (cfg.threads,),
-           (q, k, v, O, l, m, np.int32(seqlen_q), np.int32(seqlen_k), np.int32(d),
-            np.int32(nheads // nheads_k), *_strides(q), *_strides(k), *_strides(v),
-            np.float32(scale), np.float32(scale * _LOG2E)),
-           shared_mem=cfg.smem_bytes)
-    target = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
-    fin = _loader.get_kernel(_plan.FA1_FILE, _plan.fa1_finalize_name(dtype_name))
-    fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), (128,),
-        (O, l, m, target, lse, np.int32(seqlen_q), np.int32(d)))
-    if target is not out:
-        out[...] = target
+    qs, ks, vs = qkv_strides
+    stream = cupy.cuda.get_current_stream().ptr
+    with params.lock:
+        params.pack(q=q.data.ptr, k=k.data.ptr, v=v.data.ptr, o=out.data.ptr, lse=lse.data.ptr,
+                    o_accum=O.data.ptr, l_accum=l.data.ptr, m_accum=m.data.ptr, q_strides=qs,
+                    k_strides=ks, v_strides=vs, o_strides=out_strides, seqlen_q=seqlen_q,
+                    seqlen_k=seqlen_k, d=d, group=nheads // nheads_k, softmax_scale=scale,
+                    scale_log2=scale * _LOG2E)
+        kernel((nheads, batch, 1), cfg.threads, cfg.smem_bytes, stream, params)
+        fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), 128, 0, stream, params)
+
+
+_fa1_launches: dict = {}
 
 
 def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, True),
@@ -568,7 +583,6 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
             return dq, dk, dv
         q, k, v, qkv_strides = _aligned_qkv(cupy, q, k, v, layout)
         dout, out = _aligned(cupy, dout), _aligned(cupy, out)
-        dout_strides = _strides(dout)  # (read by the preprocess and the main kernel)
         # The tile shape and the three compiled kernels, looked up once per configuration.
         key = (device_id, q.dtype, d, causal, deterministic, config)
         launch = _backward_launches.get(key)
@@ -585,24 +599,17 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
                                      _plan.backward_preprocess_name(dtype_name))
             fin = _loader.get_kernel(_plan.BACKWARD_FILE, _plan.backward_dq_name(dtype_name, cfg))
             launch = _backward_launches[key] = (
-                cfg, ordered, _loader.PackedLaunch(pre, _PREPROCESS_ARGS),
-                _loader.PackedLaunch(main, _BACKWARD_ARGS),
-                _loader.PackedLaunch(fin, _DQ_BULK_ARGS if cfg.dq_bulk else _DQ_ARGS))
-        cfg, ordered, pre, main, fin = launch
+                cfg, ordered, _loader.Launcher(pre), _loader.Launcher(main),
+                _loader.Launcher(fin), _loader.ParamBuffer(_params.BWD))
+        cfg, ordered, pre, main, fin, params = launch
         stream = cupy.cuda.get_current_stream().ptr
 
-        # 1. D = rowsum(dO ∘ O), float32 (batch, heads, seqlen_q)
+        # Scratch: D = rowsum(dO ∘ O), float32 (batch, heads, seqlen_q); float32 dQ sums, with
+        # dq_bulk in whole row blocks, in the kernel's fragment order. Deterministic with
+        # dq_bulk: additions in a fixed order, counted in dq_order (the first one into each
+        # row block is a store: no zeroing needed); with atomics: one slice per split, summed
+        # in order afterwards (fa2_backward.cu, "Deterministic mode").
         Dsum = cupy.empty((batch, nheads, seqlen_q), dtype=cupy.float32)
-        lanes = 1 << max(0, (d // 8 - 1).bit_length())  # lanes per row: pow2 >= d / 8
-        pre(((seqlen_q + 128 // lanes - 1) // (128 // lanes), nheads, batch), 128, 0, stream,
-            out.data.ptr, dout.data.ptr, Dsum.data.ptr, seqlen_q, d, lanes,
-            *_strides(out), *dout_strides)
-
-        # 2. dK, dV per column block; dQ accumulated in float32
-        # float32 dQ sums; with dq_bulk in whole row blocks, in the kernel's fragment order.
-        # Deterministic with dq_bulk: additions in a fixed order, counted in dq_order (the
-        # first one into each row block is a store: no zeroing needed); with atomics: one
-        # slice per split, summed in order afterwards (fa2_backward.cu, "Deterministic mode").
         T_c = (seqlen_k + cfg.B_c - 1) // cfg.B_c
         T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
         rows = T_r * cfg.B_r if cfg.dq_bulk else seqlen_q
@@ -623,24 +630,35 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
             dkv_strides = _strides(dk_buf[0])
         else:
             dk_buf, dv_buf, dkv_strides = dk, dv, _strides(dk)
-        main(_backward_grid(T_c, nheads_k * parts, batch, causal, ordered,
-                            splits if split else 0),
-             cfg.threads, cfg.smem_bytes, stream,
-             q.data.ptr, k.data.ptr, v.data.ptr, dout.data.ptr, lse.data.ptr, Dsum.data.ptr,
-             dq_accum.data.ptr, 0 if dq_order is None else dq_order.data.ptr,  # (0: not read)
-             dk_buf.data.ptr, dv_buf.data.ptr, int(deterministic), nheads, parts,
-             seqlen_q, seqlen_k, d, group, *qkv_strides, *dout_strides, *dkv_strides,
-             scale, scale * _LOG2E)
-
-        # 3. dQ = scale * sum of the slices, in the input dtype
-        if cfg.dq_bulk:  # one thread per 4 floats
-            fin(((T_r * cfg.B_r * cfg.HD // 4 + 127) // 128, nheads, batch), 128, 0, stream,
-                dq_accum.data.ptr, dq.data.ptr, int(deterministic), int(causal),
-                seqlen_q, seqlen_k, d, *_strides(dq), scale)
-        else:  # one thread per 8 elements of a row
-            fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), 128, 0, stream,
-                dq_accum.data.ptr, dq.data.ptr, splits, seqlen_q, d, cfg.HD, *_strides(dq),
-                scale)
+        lanes = 1 << max(0, (d // 8 - 1).bit_length())  # preprocess: pow2 >= d / 8 per row
+        qs, ks, vs = qkv_strides
+        with params.lock:  # one struct for the three kernels
+            params.pack(q=q.data.ptr, k=k.data.ptr, v=v.data.ptr, o=out.data.ptr,
+                        dout=dout.data.ptr, lse=lse.data.ptr, dsum=Dsum.data.ptr,
+                        dq_accum=dq_accum.data.ptr,
+                        dq_order=0 if dq_order is None else dq_order.data.ptr,
+                        dq=dq.data.ptr, dk=dk_buf.data.ptr, dv=dv_buf.data.ptr,
+                        q_strides=qs, k_strides=ks, v_strides=vs, o_strides=_strides(out),
+                        do_strides=_strides(dout), dq_strides=_strides(dq),
+                        dk_strides=dkv_strides, seqlen_q=seqlen_q, seqlen_k=seqlen_k, d=d,
+                        group=group, nheads=nheads, head_parts=parts,
+                        deterministic=int(deterministic), causal=int(causal), splits=splits,
+                        dq_accum_cols=cfg.HD, lanes=lanes, softmax_scale=scale,
+                        scale_log2=scale * _LOG2E)
+            # 1. D = rowsum(dO ∘ O)
+            pre(((seqlen_q + 128 // lanes - 1) // (128 // lanes), nheads, batch), 128, 0,
+                stream, params)
+            # 2. dK, dV per column block; dQ accumulated in float32
+            main(_backward_grid(T_c, nheads_k * parts, batch, causal, ordered,
+                                splits if split else 0),
+                 cfg.threads, cfg.smem_bytes, stream, params)
+            # 3. dQ = scale * sum of the slices, in the input dtype
+            if cfg.dq_bulk:  # one thread per 4 floats
+                fin(((T_r * cfg.B_r * cfg.HD // 4 + 127) // 128, nheads, batch), 128, 0,
+                    stream, params)
+            else:  # one thread per 8 elements of a row
+                fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), 128, 0, stream,
+                    params)
         if parts > 1:  # (a fixed order: deterministic)
             for buf, g in ((dk_buf, dk), (dv_buf, dv)):
                 g[...] = buf.sum(axis=0)
@@ -648,18 +666,6 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
 
 
 _backward_launches: dict = {}
-# The backward kernels' parameters (PackedLaunch letters; fa2_backward.cu):
-# fa2_backward_preprocess: O, dO, Dsum; seqlen_q, d, G; strides of O, dO.
-_PREPROCESS_ARGS = "PPP" + "iii" + "qqq" * 2
-# fa2_backward: Q, K, V, dO, L, Dsum, dQ_accum, dQ_order, dK, dV; deterministic, nheads,
-# head_parts, seqlen_q, seqlen_k, d, group; strides of Q, K, V, dO, dK (and dV);
-# softmax_scale, scale_log2.
-_BACKWARD_ARGS = "P" * 10 + "iii" + "iiii" + "qqq" * 5 + "ff"
-# fa2_backward_dq_bulk: dQ_accum, dQ; deterministic, causal, seqlen_q, seqlen_k, d; dQ strides;
-# softmax_scale. fa2_backward_dq: dQ_accum, dQ; splits, seqlen_q, d, hd; dQ strides; scale.
-_DQ_BULK_ARGS = "PP" + "iiiii" + "qqq" + "f"
-_DQ_ARGS = "PP" + "iiii" + "qqq" + "f"
-
 
 def _backward_grid(T_c: int, grid_heads: int, batch: int, causal: bool, ordered: bool,
                    splits: int = 0) -> tuple:

@@ -11,15 +11,17 @@
   device, file, specialisation and source digest.
 * Compile errors become :class:`KernelCompileError`, whose message starts with
   ``file:line: error text``.
+* :class:`Launcher` launches a compiled kernel with its parameter struct packed in a
+  :class:`ParamBuffer` (one launch path for every kernel).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import re
-import struct
 import threading
 import warnings
 from functools import cache
@@ -33,8 +35,8 @@ __all__ = [
     "source_digest",
     "get_kernel",
     "first_error_location",
-    "ArgSlots",
-    "PackedLaunch",
+    "ParamBuffer",
+    "Launcher",
 ]
 
 # Options shared by NVRTC (run time) and nvcc (the CPU compile check).
@@ -191,40 +193,32 @@ def _disk_cache_unusable(exc: OSError) -> None:
                   stacklevel=4)
 
 
-# One 8-byte slot per kernel parameter (cuLaunchKernel takes a pointer to each value, so the
-# slots need not follow the parameter struct's layout): struct codes per signature letter.
-_SLOTS = {"P": "Q", "i": "i4x", "q": "q", "f": "f4x"}
+class ParamBuffer:
+    """The bytes of one kernel parameter struct (``_params.Struct``), and the ``void**``
+    through which ``cuLaunchKernel`` reads them (every cuflash kernel takes one struct).
+    ``pack(**values)`` writes a call's values by field name. The buffer is read at launch:
+    one packing can serve several launches in a row (the backward's three kernels). Whoever
+    packs and launches holds ``lock`` meanwhile, so that threads do not interleave."""
 
-
-class ArgSlots:
-    """A kernel's argument buffer: ``signature`` has one letter per kernel parameter, in order:
-    ``P`` pointer (an int device address, 0 for null), ``i`` int32, ``q`` int64, ``f`` float32.
-    ``pack(*args)`` writes them; ``params`` is the ``void**`` cuLaunchKernel reads them from."""
-
-    def __init__(self, signature: str):
-        self.fmt = "<" + "".join(_SLOTS[c] for c in signature)
-        n = len(signature)
-        self.buf = bytearray(8 * n)
-        base = ctypes.addressof((ctypes.c_char * (8 * n)).from_buffer(self.buf))
-        self.slots = (ctypes.c_void_p * n)(*(base + 8 * i for i in range(n)))
+    def __init__(self, struct):
+        self.struct = struct
+        self.buf = bytearray(struct.size)
+        base = ctypes.addressof((ctypes.c_char * struct.size).from_buffer(self.buf))
+        self.slots = (ctypes.c_void_p * 1)(base)
         self.params = ctypes.addressof(self.slots)
+        self.lock = threading.Lock()
+        self.pack = functools.partial(struct.pack_into, self.buf)
 
-    def pack(self, *args) -> None:
-        struct.pack_into(self.fmt, self.buf, 0, *args)
 
-
-class PackedLaunch:
-    """A kernel launched through ``cuLaunchKernel`` from one packed argument buffer (ArgSlots).
-
-    CuPy's ``RawKernel.__call__`` turns every argument into a C value object on each call
-    (about 15 us for the forward's 24 arguments, host time that counts in every call's latency);
-    here one ``struct.pack_into`` fills a buffer whose slot addresses were computed once.
+class Launcher:
+    """A kernel launched through ``cuLaunchKernel`` with a packed parameter struct
+    (:class:`ParamBuffer`). CuPy's ``RawKernel.__call__`` turns every argument into a C value
+    object on each call; here a launch is one driver call on bytes packed once.
 
     Build it with the kernel's device current, and call it with that device current: it launches
-    in that device's primary context, on the stream whose handle is passed. Thread-safe.
-    """
+    in that device's primary context, on the stream whose handle is passed. Thread-safe."""
 
-    def __init__(self, kernel, signature: str):
+    def __init__(self, kernel):
         from cupy.cuda import driver, runtime
 
         self.kernel = kernel  # (holds the module that the CUfunction below belongs to)
@@ -239,8 +233,6 @@ class PackedLaunch:
         # has no context current at all, and 0 must not be taken for the context.
         self._bind_context()
         self._context = driver.ctxGetCurrent()
-        self._args = ArgSlots(signature)
-        self._lock = threading.Lock()  # one buffer: one launch at a time fills it
 
     def _bind_context(self) -> None:
         """Make the device's primary context current on this thread. The runtime binds it
@@ -251,10 +243,9 @@ class PackedLaunch:
         if not self._current_context():  # (runtimes that bind only on first use)
             self._init_context()
 
-    def __call__(self, grid, block: int, shared_mem: int, stream: int, *args) -> None:
+    def __call__(self, grid, block: int, shared_mem: int, stream: int,
+                 params: ParamBuffer) -> None:
         if self._current_context() != self._context:  # a thread's first launch
             self._bind_context()
-        with self._lock:
-            self._args.pack(*args)
-            self._launch(self._func, grid[0], grid[1], grid[2], block, 1, 1, shared_mem, stream,
-                         self._args.params, 0)
+        self._launch(self._func, grid[0], grid[1], grid[2], block, 1, 1, shared_mem, stream,
+                     params.params, 0)

@@ -4,6 +4,7 @@ registers, shared memory and spills per kernel and architecture.
     python -m cuflash.compile_check            # sm_80 and sm_90, table on stdout
     python -m cuflash.compile_check --arch 90  # one architecture
     python -m cuflash.compile_check --no-cache # compile even if this exact tree was checked
+    python -m cuflash.compile_check --write-params  # regenerate kernels/params.cuh
 
 The CPU test suite runs the same check and fails on any compile error or register spill.
 The source compiled is exactly what NVRTC compiles at run time (``_loader.expand_source``),
@@ -31,7 +32,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from . import _loader, _plan
+from . import _loader, _params, _plan
 
 ARCHS = ("80", "90")
 
@@ -181,7 +182,14 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", action="append", help="80, 90, ... (repeatable)")
     parser.add_argument("--no-cache", action="store_true",
                         help="compile even if this exact tree and compiler were checked before")
+    parser.add_argument("--write-params", action="store_true",
+                        help="write kernels/params.cuh from cuflash/_params.py and exit")
     args = parser.parse_args(argv)
+    if args.write_params:
+        path = _loader.KERNEL_DIR / _params.HEADER
+        path.write_text(_params.header_text())
+        print(f"wrote {path}")
+        return 0
     reports, cached = check_all_cached(tuple(args.arch or ARCHS), use_cache=not args.no_cache)
     if cached:
         print("(reports of an earlier check of this exact tree and compiler; --no-cache "

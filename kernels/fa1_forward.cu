@@ -25,19 +25,16 @@
 // thread block may use (cuflash/_plan.py, fa1_config), rounded to tensor-core tiles. Each of
 // the B_r / 16 warps owns 16 rows of Q_i, O_i, l_i, m_i.
 #include "common.cuh"
+#include "params.cuh"
 #include "block_range.cuh"
 
 namespace cuflash {
 
 template <typename T, int HD, int B_r, int B_c, bool CAUSAL>
 __global__ void __launch_bounds__(B_r / 16 * 32, 1)
-fa1_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
-            const elem_t* __restrict__ V, float* __restrict__ O, float* __restrict__ l,
-            float* __restrict__ m, int seqlen_q, int seqlen_k, int d, int group,
-            long long q_stride_b, long long q_stride_s, long long q_stride_h,
-            long long k_stride_b, long long k_stride_s, long long k_stride_h,
-            long long v_stride_b, long long v_stride_s, long long v_stride_h,
-            float softmax_scale, float scale_log2) {
+fa1_forward(const FwdParams p) {
+    const float softmax_scale = p.softmax_scale, scale_log2 = p.scale_log2;
+    const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, d = p.d;
     constexpr int NWARPS = B_r / 16, NTHREADS = NWARPS * 32;
     constexpr int NT_S = B_c / 8, NT_O = HD / 8;
     static_assert(B_r % 16 == 0 && B_c % 16 == 0 && HD % 32 == 0, "tensor-core tiles");
@@ -49,15 +46,16 @@ fa1_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int head = blockIdx.x, batch = blockIdx.y, nheads = gridDim.x;
-    const int head_k = head / group;
+    const int head_k = head / p.group;
     const int chunks = d / 8;
-    const elem_t* q = Q + batch * q_stride_b + head * q_stride_h;
-    const elem_t* k = K + batch * k_stride_b + head_k * k_stride_h;
-    const elem_t* v = V + batch * v_stride_b + head_k * v_stride_h;
+    const long long q_stride_s = p.q_stride_s, k_stride_s = p.k_stride_s, v_stride_s = p.v_stride_s;
+    const elem_t* q = p.q + batch * p.q_stride_b + head * p.q_stride_h;
+    const elem_t* k = p.k + batch * p.k_stride_b + head_k * p.k_stride_h;
+    const elem_t* v = p.v + batch * p.v_stride_b + head_k * p.v_stride_h;
     const long long bh = (long long)batch * nheads + head;
-    float* o_hbm = O + bh * seqlen_q * d;  // O, l, m of this (batch, head) in HBM
-    float* l_hbm = l + bh * seqlen_q;
-    float* m_hbm = m + bh * seqlen_q;
+    float* o_hbm = p.o_accum + bh * seqlen_q * d;  // O, l, m of this (batch, head) in HBM
+    float* l_hbm = p.l_accum + bh * seqlen_q;
+    float* m_hbm = p.m_accum + bh * seqlen_q;
 
     const SwizzledReader<HD> readQ(smem_u32(sQ) + warp * 16 * HD * 2, lane_row_rows_first(lane),
                                    lane_chunk_rows_first(lane));
@@ -183,21 +181,20 @@ fa1_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     }
 }
 
-// out = O (input dtype, (batch, seqlen_q, heads, d) contiguous), L = m + log l (-inf where
+// out = O (input dtype, with O's strides, 16-byte aligned rows), L = m + log l (-inf where
 // l = 0: the row saw no key). One thread per 8 elements of O; grid (ceil(seqlen_q * d / 8 /
 // 128), heads, batch).
 template <typename T>
 __global__ void __launch_bounds__(128)
-fa1_finalize(const float* __restrict__ O, const float* __restrict__ l,
-             const float* __restrict__ m, elem_t* __restrict__ out, float* __restrict__ L,
-             int seqlen_q, int d) {
+fa1_finalize(const FwdParams p) {
+    const int seqlen_q = p.seqlen_q, d = p.d;
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
     const int chunks = d / 8;
     const long long idx = (long long)blockIdx.x * 128 + threadIdx.x;
     if (idx >= (long long)seqlen_q * chunks) return;
     const int row = idx / chunks, c = idx % chunks;
     const long long bh = (long long)batch * nheads + head;
-    const float* src = O + (bh * seqlen_q + row) * d + c * 8;
+    const float* src = p.o_accum + (bh * seqlen_q + row) * d + c * 8;
     const Float4 lo = *reinterpret_cast<const Float4*>(src);
     const Float4 hi = *reinterpret_cast<const Float4*>(src + 4);
     Chunk16 packed;
@@ -205,13 +202,13 @@ fa1_finalize(const float* __restrict__ O, const float* __restrict__ l,
     packed.y = T::pack(lo.z, lo.w);
     packed.z = T::pack(hi.x, hi.y);
     packed.w = T::pack(hi.z, hi.w);
-    *reinterpret_cast<Chunk16*>(out + (((long long)batch * seqlen_q + row) * nheads + head) * d +
-                                c * 8) = packed;
+    *reinterpret_cast<Chunk16*>(p.o + batch * p.o_stride_b + row * p.o_stride_s +
+                                head * p.o_stride_h + c * 8) = packed;
     if (c == 0) {
-        const float l_row = l[bh * seqlen_q + row];
+        const float l_row = p.l_accum[bh * seqlen_q + row];
         // l = 0: the row saw no key; a NaN l (NaN in Q or K) gives L = NaN, not -inf
-        L[bh * seqlen_q + row] = l_row == 0.f ? CUFLASH_NEG_INF
-                                              : m[bh * seqlen_q + row] + logf(l_row);
+        p.lse[bh * seqlen_q + row] = l_row == 0.f ? CUFLASH_NEG_INF
+                                                  : p.m_accum[bh * seqlen_q + row] + logf(l_row);
     }
 }
 

@@ -66,6 +66,7 @@
 // dO_i; with 1, all of it after dK_j += dS_ij^T Q_i, during the dQ product),
 // DQ_BULK, CAUSAL, ORDERED. cuflash/_plan.py picks them per head dim and GPU.
 #include "common.cuh"
+#include "params.cuh"
 #include "block_range.cuh"
 
 namespace cuflash {
@@ -73,29 +74,27 @@ namespace cuflash {
 // ---------------------------------------------------------------------------------------------
 // D = rowsum(dO ∘ O)
 // ---------------------------------------------------------------------------------------------
-// G lanes (a power of two >= d / 8) share one query row, each taking 8 elements; grid
-// (ceil(seqlen_q / (128 / G)), heads, batch). Dsum is (batch, heads, seqlen_q), contiguous.
+// G = p.lanes lanes (a power of two >= d / 8) share one query row, each taking 8 elements;
+// grid (ceil(seqlen_q / (128 / G)), heads, batch). D is (batch, heads, seqlen_q), contiguous.
 template <typename T>
 __global__ void __launch_bounds__(128)
-fa2_backward_preprocess(const elem_t* __restrict__ O, const elem_t* __restrict__ dO,
-                        float* __restrict__ Dsum, int seqlen_q, int d, int G,
-                        long long o_stride_b, long long o_stride_s, long long o_stride_h,
-                        long long do_stride_b, long long do_stride_s, long long do_stride_h) {
+fa2_backward_preprocess(const BwdParams p) {
+    const int seqlen_q = p.seqlen_q, G = p.lanes;
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
     const int row = blockIdx.x * (128 / G) + threadIdx.x / G, c = threadIdx.x % G;
     float acc = 0.f;
-    if (row < seqlen_q && c < d / 8) {
+    if (row < seqlen_q && c < p.d / 8) {
         const Chunk16 o = *reinterpret_cast<const Chunk16*>(
-            O + batch * o_stride_b + row * o_stride_s + head * o_stride_h + c * 8);
+            p.o + batch * p.o_stride_b + row * p.o_stride_s + head * p.o_stride_h + c * 8);
         const Chunk16 g = *reinterpret_cast<const Chunk16*>(
-            dO + batch * do_stride_b + row * do_stride_s + head * do_stride_h + c * 8);
+            p.dout + batch * p.do_stride_b + row * p.do_stride_s + head * p.do_stride_h + c * 8);
         const elem_t* oe = reinterpret_cast<const elem_t*>(&o);
         const elem_t* ge = reinterpret_cast<const elem_t*>(&g);
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc = fmaf(T::to_float(oe[e]), T::to_float(ge[e]), acc);
     }
     for (int offset = G / 2; offset > 0; offset /= 2) acc += shfl_xor(acc, offset);
-    if (c == 0 && row < seqlen_q) Dsum[((long long)batch * nheads + head) * seqlen_q + row] = acc;
+    if (c == 0 && row < seqlen_q) p.dsum[((long long)batch * nheads + head) * seqlen_q + row] = acc;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -193,18 +192,27 @@ struct BackwardTile {
 template <typename T, int HD, int B_r, int B_c, int NWARPS, int WM_SDP, int WM_DKV, int WM_DQ,
           int QSTAGES, int DQ_BULK, bool CAUSAL, bool ORDERED>
 __global__ void __launch_bounds__(NWARPS * 32, 1)
-fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
-             const elem_t* __restrict__ V, const elem_t* __restrict__ dO,
-             const float* __restrict__ L, const float* __restrict__ Dsum,
-             float* __restrict__ dQ_accum, int* __restrict__ dQ_order, void* __restrict__ dK,
-             void* __restrict__ dV, int deterministic, int nheads, int head_parts, int seqlen_q,
-             int seqlen_k, int d, int group,
-             long long q_stride_b, long long q_stride_s, long long q_stride_h,
-             long long k_stride_b, long long k_stride_s, long long k_stride_h,
-             long long v_stride_b, long long v_stride_s, long long v_stride_h,
-             long long do_stride_b, long long do_stride_s, long long do_stride_h,
-             long long dk_stride_b, long long dk_stride_s, long long dk_stride_h,
-             float softmax_scale, float scale_log2) {
+fa2_backward(const BwdParams p) {
+    const elem_t* __restrict__ Q = p.q;
+    const elem_t* __restrict__ K = p.k;
+    const elem_t* __restrict__ V = p.v;
+    const elem_t* __restrict__ dO = p.dout;
+    const float* __restrict__ L = p.lse;
+    const float* __restrict__ Dsum = p.dsum;
+    float* __restrict__ dQ_accum = p.dq_accum;
+    int* __restrict__ dQ_order = p.dq_order;
+    void* __restrict__ dK = p.dk;
+    void* __restrict__ dV = p.dv;
+    const int deterministic = p.deterministic, nheads = p.nheads, head_parts = p.head_parts;
+    const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, d = p.d, group = p.group;
+    const long long q_stride_b = p.q_stride_b, q_stride_s = p.q_stride_s, q_stride_h = p.q_stride_h;
+    const long long k_stride_b = p.k_stride_b, k_stride_s = p.k_stride_s, k_stride_h = p.k_stride_h;
+    const long long v_stride_b = p.v_stride_b, v_stride_s = p.v_stride_s, v_stride_h = p.v_stride_h;
+    const long long do_stride_b = p.do_stride_b, do_stride_s = p.do_stride_s,
+                    do_stride_h = p.do_stride_h;
+    const long long dk_stride_b = p.dk_stride_b, dk_stride_s = p.dk_stride_s,
+                    dk_stride_h = p.dk_stride_h;
+    const float softmax_scale = p.softmax_scale, scale_log2 = p.scale_log2;
     using Tile = BackwardTile<HD, B_r, B_c, NWARPS, WM_SDP, WM_DKV, WM_DQ, QSTAGES, DQ_BULK>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     static_assert(DQ_BULK == 0, "DQ_BULK needs sm_90 or newer (cp.reduce.async.bulk)");
@@ -686,13 +694,14 @@ fa2_backward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
 // dQ = softmax_scale * sum over slices of dQ_accum, in the input dtype
 // ---------------------------------------------------------------------------------------------
 // One thread per 8 elements of a row; grid (ceil(seqlen_q * d / 8 / 128), heads, batch).
-// dQ_accum: (splits, batch, heads, seqlen_q, hd) with hd the kernel's head-dim bucket.
+// dQ_accum: (splits, batch, heads, seqlen_q, hd) with hd = p.dq_accum_cols, the main kernel's
+// head-dim bucket.
 // dQ: (batch, seqlen_q, heads, d) with strides (last dim contiguous).
 template <typename T>
 __global__ void __launch_bounds__(128)
-fa2_backward_dq(const float* __restrict__ dQ_accum, elem_t* __restrict__ dQ, int splits,
-                int seqlen_q, int d, int hd, long long dq_stride_b, long long dq_stride_s,
-                long long dq_stride_h, float softmax_scale) {
+fa2_backward_dq(const BwdParams p) {
+    const int splits = p.splits, seqlen_q = p.seqlen_q, d = p.d, hd = p.dq_accum_cols;
+    const float softmax_scale = p.softmax_scale;
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y, nbatch = gridDim.z;
     const int chunks = d / 8;
     const long long idx = (long long)blockIdx.x * 128 + threadIdx.x;
@@ -700,7 +709,7 @@ fa2_backward_dq(const float* __restrict__ dQ_accum, elem_t* __restrict__ dQ, int
     const int row = idx / chunks, c = idx % chunks;
     const long long slice = (long long)nbatch * nheads * seqlen_q * hd;
     const float* src =
-        dQ_accum + (((long long)batch * nheads + head) * seqlen_q + row) * hd + c * 8;
+        p.dq_accum + (((long long)batch * nheads + head) * seqlen_q + row) * hd + c * 8;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int s = 0; s < splits; ++s) {  // fixed order: deterministic
         const Float4 lo = *reinterpret_cast<const Float4*>(src + s * slice);
@@ -713,21 +722,20 @@ fa2_backward_dq(const float* __restrict__ dQ_accum, elem_t* __restrict__ dQ, int
 #pragma unroll
     for (int e = 0; e < 4; ++e)
         packed[e] = T::pack(acc[2 * e] * softmax_scale, acc[2 * e + 1] * softmax_scale);
-    *reinterpret_cast<Chunk16*>(dQ + batch * dq_stride_b + row * dq_stride_s +
-                                head * dq_stride_h + c * 8) = out;
+    *reinterpret_cast<Chunk16*>(p.dq + batch * p.dq_stride_b + row * p.dq_stride_s +
+                                head * p.dq_stride_h + c * 8) = out;
 }
 
 // The same, for dQ_accum in fragment order (fa2_backward with DQ_BULK; the tile parameters
 // must match). One thread per 4 floats of a fragment (rows g and g + 8, two columns), read
-// grid (ceil(T_r * B_r * HD / 4 / 128), heads, batch). Deterministic mode (`deterministic` =
-// 1; dQ_accum not zeroed): row block i was written iff some column block sees it (n_i > 0).
+// grid (ceil(T_r * B_r * HD / 4 / 128), heads, batch). Deterministic mode (p.deterministic
+// = 1; dQ_accum not zeroed): row block i was written iff some column block sees it (n_i > 0).
 template <typename T, int HD, int B_r, int B_c, int NWARPS, int WM_SDP, int WM_DKV, int WM_DQ,
           int QSTAGES>
 __global__ void __launch_bounds__(128)
-fa2_backward_dq_bulk(const float* __restrict__ dQ_accum, elem_t* __restrict__ dQ,
-                     int deterministic, int causal, int seqlen_q, int seqlen_k, int d,
-                     long long dq_stride_b, long long dq_stride_s, long long dq_stride_h,
-                     float softmax_scale) {
+fa2_backward_dq_bulk(const BwdParams p) {
+    const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, d = p.d;
+    const float softmax_scale = p.softmax_scale;
     using Tile = BackwardTile<HD, B_r, B_c, NWARPS, WM_SDP, WM_DKV, WM_DQ, QSTAGES, 1>;
     constexpr int FRAGS = B_r * HD / 4;  // per row block
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
@@ -747,17 +755,17 @@ fa2_backward_dq_bulk(const float* __restrict__ dQ_accum, elem_t* __restrict__ dQ
     const int row = i * B_r + (warp % WM_DQ) * Tile::Q_MW + mt * 16 + lane / 4;
     const int col = (warp / WM_DQ) * Tile::Q_NW + (pass * Tile::DQ_PASS + nt) * 8 + (lane % 4) * 2;
     if (col >= d) return;  // the zero padding of the head dim
-    const float* src = dQ_accum + ((long long)batch * nheads + head) * T_r * FRAGS * 4 + f * 4;
+    const float* src = p.dq_accum + ((long long)batch * nheads + head) * T_r * FRAGS * 4 + f * 4;
     // (non-causal: every column block sees every row block)
-    const bool written = !deterministic || !causal ||
+    const bool written = !p.deterministic || !p.causal ||
                          column_blocks<B_r, B_c, true>(i, seqlen_q, seqlen_k).end > 0;
     const Float4 v = written ? *reinterpret_cast<const Float4*>(src) : Float4{0.f, 0.f, 0.f, 0.f};
     const float acc[4] = {v.x, v.y, v.z, v.w};
-    elem_t* out = dQ + batch * dq_stride_b + head * dq_stride_h + col;
+    elem_t* out = p.dq + batch * p.dq_stride_b + head * p.dq_stride_h + col;
 #pragma unroll
     for (int e2 = 0; e2 < 2; ++e2)  // rows g and g + 8
         if (row + 8 * e2 < seqlen_q)
-            *reinterpret_cast<unsigned*>(out + (row + 8 * e2) * dq_stride_s) =
+            *reinterpret_cast<unsigned*>(out + (row + 8 * e2) * p.dq_stride_s) =
                 T::pack(acc[2 * e2] * softmax_scale, acc[2 * e2 + 1] * softmax_scale);
 }
 

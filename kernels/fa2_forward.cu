@@ -32,6 +32,7 @@
 //   CAUSAL                                   bottom-right aligned causal mask, blocks fully
 //                                            above the diagonal skipped (block_range.cuh)
 #include "common.cuh"
+#include "params.cuh"
 #include "block_range.cuh"
 
 namespace cuflash {
@@ -94,14 +95,18 @@ struct ForwardTile {
 template <typename T, int HD, int B_r, int B_c, int NWARPS, int KV_STAGES, bool CAUSAL>
 __global__ void __launch_bounds__(NWARPS * 32,
                                   ForwardTile<HD, B_r, B_c, NWARPS, KV_STAGES>::min_blocks(CAUSAL))
-fa2_forward(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
-            const elem_t* __restrict__ V, elem_t* __restrict__ O, float* __restrict__ L,
-            int seqlen_q, int seqlen_k, int d, int group,
-            long long q_stride_b, long long q_stride_s, long long q_stride_h,
-            long long k_stride_b, long long k_stride_s, long long k_stride_h,
-            long long v_stride_b, long long v_stride_s, long long v_stride_h,
-            long long o_stride_b, long long o_stride_s, long long o_stride_h,
-            float softmax_scale, float scale_log2) {
+fa2_forward(const FwdParams p) {
+    const elem_t* __restrict__ Q = p.q;
+    const elem_t* __restrict__ K = p.k;
+    const elem_t* __restrict__ V = p.v;
+    elem_t* __restrict__ O = p.o;
+    float* __restrict__ L = p.lse;
+    const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, d = p.d, group = p.group;
+    const long long q_stride_b = p.q_stride_b, q_stride_s = p.q_stride_s, q_stride_h = p.q_stride_h;
+    const long long k_stride_b = p.k_stride_b, k_stride_s = p.k_stride_s, k_stride_h = p.k_stride_h;
+    const long long v_stride_b = p.v_stride_b, v_stride_s = p.v_stride_s, v_stride_h = p.v_stride_h;
+    const long long o_stride_b = p.o_stride_b, o_stride_s = p.o_stride_s, o_stride_h = p.o_stride_h;
+    const float softmax_scale = p.softmax_scale, scale_log2 = p.scale_log2;
     using Tile = ForwardTile<HD, B_r, B_c, NWARPS, KV_STAGES>;
     constexpr int NTHREADS = Tile::NTHREADS, RPW = Tile::ROWS_PER_WARP, MT = Tile::MT;
     constexpr int NT_S = Tile::NT_S, NT_O = Tile::NT_O;

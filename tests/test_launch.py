@@ -1,8 +1,11 @@
-"""CPU: the packed launches (cuflash/_loader.PackedLaunch) pass what the kernels declare.
+"""CPU: the kernels' parameter structs (cuflash/_params.py, kernels/params.cuh) and the packing
+the launches use.
 
-_api packs each kernel's arguments by a signature string (one letter per parameter); a letter
-that disagreed with the kernel's parameter list would shift every later argument: a silent
-wrong answer. These tests read the parameter lists from kernels/*.cu and compare."""
+The host packs each call's values into the bytes of a C struct; if the two disagreed on a
+field's place, every kernel would read wrong sizes or pointers: a silent wrong answer. The C
+side checks each offset against cuflash/_params.py in static_asserts (compiled by the compile
+check); these tests check that the committed header is the generated one, that every kernel
+takes its family's struct, and that packing puts each value where the header says."""
 
 import ctypes
 import re
@@ -10,55 +13,81 @@ import struct
 
 import pytest
 
-from cuflash import _api, _loader, _plan
+from cuflash import _loader, _params, _plan
 
-# (file, kernel function, signature used by _api)
-LAUNCHES = [
-    (_plan.FORWARD_FILE, "fa2_forward", _api._FORWARD_ARGS),
-    (_plan.BACKWARD_FILE, "fa2_backward_preprocess", _api._PREPROCESS_ARGS),
-    (_plan.BACKWARD_FILE, "fa2_backward", _api._BACKWARD_ARGS),
-    (_plan.BACKWARD_FILE, "fa2_backward_dq", _api._DQ_ARGS),
-    (_plan.BACKWARD_FILE, "fa2_backward_dq_bulk", _api._DQ_BULK_ARGS),
+# (file, kernel function, struct)
+KERNELS = [
+    (_plan.FORWARD_FILE, "fa2_forward", _params.FWD),
+    (_plan.FA1_FILE, "fa1_forward", _params.FWD),
+    (_plan.FA1_FILE, "fa1_finalize", _params.FWD),
+    (_plan.BACKWARD_FILE, "fa2_backward_preprocess", _params.BWD),
+    (_plan.BACKWARD_FILE, "fa2_backward", _params.BWD),
+    (_plan.BACKWARD_FILE, "fa2_backward_dq", _params.BWD),
+    (_plan.BACKWARD_FILE, "fa2_backward_dq_bulk", _params.BWD),
 ]
 
 
-def declared_signature(filename: str, function: str) -> str:
-    """The PackedLaunch letters of `function`'s parameter list in kernels/filename."""
+def test_committed_header_is_the_generated_one():
+    committed = (_loader.KERNEL_DIR / _params.HEADER).read_text()
+    assert committed == _params.header_text(), (
+        "kernels/params.cuh is stale: run python -m cuflash.compile_check --write-params")
+
+
+@pytest.mark.parametrize("filename,function,params", KERNELS, ids=[k for _, k, _ in KERNELS])
+def test_every_kernel_takes_its_familys_struct(filename, function, params):
     src = (_loader.KERNEL_DIR / filename).read_text()
     match = re.search(r"\b" + function + r"\(([^)]*)\)\s*\{", src)
     assert match, f"{function} not found in {filename}"
-    letters = ""
-    for param in match.group(1).split(","):
-        words = param.split()
-        if "*" in param:
-            letters += "P"
-        elif words[:2] == ["long", "long"]:
-            letters += "q"
-        elif words[0] in ("int", "float"):
-            letters += words[0][0]
+    assert match.group(1).split() == ["const", params.name, "p"]
+    assert f'#include "{_params.HEADER}"' in src
+
+
+def test_every_global_kernel_is_listed():
+    for filename in (_plan.FORWARD_FILE, _plan.FA1_FILE, _plan.BACKWARD_FILE):
+        src = (_loader.KERNEL_DIR / filename).read_text()
+        found = set(re.findall(r"__global__ void __launch_bounds__\([^;{]*?\)\s*(\w+)\(", src,
+                               re.S))
+        assert found == {k for f, k, _ in KERNELS if f == filename}
+
+
+@pytest.mark.parametrize("params", _params.STRUCTS, ids=lambda s: s.name)
+def test_packing_puts_each_value_at_its_offset(params):
+    values, expect = {}, {}
+    for i, f in enumerate(params.fields):
+        if f.kind == "ptr":
+            values[f.name] = 0x1000_0000_0000 + 16 * i
+        elif f.kind == "strides":
+            values[f.name] = (-(2**40) - i, 3 * i + 1, 2**33 + i)
+        elif f.kind == "i32":
+            values[f.name] = -7 * i - 1
         else:
-            raise AssertionError(f"{function}: no PackedLaunch letter for parameter {param!r}")
-    return letters
+            values[f.name] = 0.25 * i + 0.5
+    for f in params.fields:
+        if f.kind == "strides":
+            for axis, v in zip("bsh", values[f.name]):
+                expect[f"{f.name[:-len('_strides')]}_stride_{axis}"] = v
+        else:
+            expect[f.name] = values[f.name]
+    buf = _loader.ParamBuffer(params)
+    buf.pack(**values)
+    assert len(buf.buf) == params.size
+    for name, ctype, _, offset in params.members:
+        fmt = "<Q" if "*" in ctype else "<q" if ctype == "long long" else \
+            "<i" if ctype == "int" else "<f"
+        (got,) = struct.unpack_from(fmt, buf.buf, offset)
+        assert got == pytest.approx(expect[name]), name
+    # the launch reads the struct through a one-element void** holding the buffer's address
+    slot = ctypes.c_void_p.from_address(buf.params).value
+    assert slot == ctypes.addressof((ctypes.c_char * params.size).from_buffer(buf.buf))
 
 
-@pytest.mark.parametrize("filename,function,signature", LAUNCHES,
-                         ids=[f for _, f, _ in LAUNCHES])
-def test_signature_matches_kernel_source(filename, function, signature):
-    assert signature == declared_signature(filename, function)
-
-
-def test_slots_hold_each_argument_as_its_c_type():
-    args = _loader.ArgSlots("PiqfP")
-    values = (0xDEADBEEF00000010, -7, -(2**40), 0.1, 0)
-    args.pack(*values)
-    addr = list(args.slots)
-    assert ctypes.addressof(args.slots) == args.params
-    assert ctypes.c_uint64.from_address(addr[0]).value == values[0]
-    assert ctypes.c_int32.from_address(addr[1]).value == -7
-    assert ctypes.c_int64.from_address(addr[2]).value == -(2**40)
-    assert ctypes.c_float.from_address(addr[3]).value == pytest.approx(0.1, rel=1e-7)
-    assert ctypes.c_uint64.from_address(addr[4]).value == 0
+def test_packing_refuses_missing_and_unknown_fields():
+    buf = _loader.ParamBuffer(_params.FWD)
+    with pytest.raises(TypeError, match="missing"):
+        buf.pack(q=0, k=0)
+    full = {f.name: (0, 0, 0) if f.kind == "strides" else 0 for f in _params.FWD.fields}
+    buf.pack(**full)
+    with pytest.raises(TypeError, match="unexpected"):
+        buf.pack(**full, bogus=1)
     with pytest.raises(struct.error):  # out of range for int32: refused, not truncated
-        args.pack(0, 2**31, 0, 0.0, 0)
-    with pytest.raises(struct.error):  # a missing argument: refused
-        args.pack(0, 1, 2, 3.0)
+        buf.pack(**{**full, "seqlen_q": 2**31})

@@ -1,0 +1,169 @@
+"""The kernels' parameter structs, one per kernel family, described once here.
+
+Every kernel takes one struct by value (``const FwdParams p``) instead of a long positional
+list. From these descriptions come both
+
+* the C structs, ``kernels/params.cuh`` (``python -m cuflash.compile_check --write-params``
+  writes it; a CPU test checks that the committed header is what this file generates, and the
+  header's static_asserts check each offset against the compiler's), and
+* the host-side packing: :class:`Struct` packs a call's values, given by field name, into
+  the same bytes (``_loader.ParamBuffer``; ``_loader.Launcher`` hands them to
+  ``cuLaunchKernel``).
+
+Fields are laid out in the order given, each at its natural alignment (the descriptions put
+the 8-byte fields first, so there is no padding inside a struct); the size is rounded up to
+8 bytes. A stride field is three int64 members in C (``q_stride_b``, ``q_stride_s``,
+``q_stride_h``) and one (batch, seq, head) tuple on the host (``q_strides``). A field with a
+default may be left out by a launch that does not use it (the kernels that read it say so);
+every other field must be given.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+# kind -> (C type, struct codes, size of one member, members)
+_KINDS = {
+    "ptr": (None, "Q", 8, 1),        # the C type is given per field
+    "i64": ("long long", "q", 8, 1),
+    "strides": ("long long", "q", 8, 3),  # (batch, sequence, head) strides in elements
+    "i32": ("int", "i", 4, 1),
+    "f32": ("float", "f", 4, 1),
+}
+_STRIDE_AXES = (("b", "batch"), ("s", "sequence"), ("h", "head"))
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str           # ptr, i64, i32, f32
+    doc: str
+    ctype: str = ""     # for pointers: the C pointer type
+    default: object = None
+
+
+def _strides(prefix: str, what: str) -> Field:
+    return Field(f"{prefix}_strides", "strides", what)
+
+
+class Struct:
+    """A C struct described field by field, and the packing of its values."""
+
+    def __init__(self, name: str, doc: str, fields: list[Field]):
+        self.name, self.doc, self.fields = name, doc, fields
+        # C members: (name, C type, doc, offset)
+        self.members, pos, codes = [], 0, ""
+        for f in fields:
+            ctype, code, size, count = _KINDS[f.kind]
+            aligned = (pos + size - 1) // size * size
+            codes += "x" * (aligned - pos) + code * count
+            pos = aligned
+            names = ([(f"{f.name[:-len('_strides')]}_stride_{a}", f"{f.doc}: {b} stride in "
+                       "elements") for a, b in _STRIDE_AXES] if f.kind == "strides"
+                     else [(f.name, f.doc)])
+            for name, doc in names:
+                self.members.append((name, f.ctype if f.kind == "ptr" else ctype, doc, pos))
+                pos += size
+        self.size = (pos + 7) // 8 * 8
+        self.format = "<" + codes + "x" * (self.size - pos)
+        self._packer = self._make_packer()
+
+    def _make_packer(self):
+        """pack_into(buf, **values), generated so that Python binds the field names itself
+        (a missing field is a TypeError, not a silent zero)."""
+        args = ", ".join(f.name if f.default is None else f"{f.name}={f.default!r}"
+                         for f in self.fields)
+        body = ", ".join(f"*{f.name}" if f.kind == "strides" else f.name for f in self.fields)
+        src = (f"def pack_into(_buf, *, {args}):\n"
+               f"    _pack(_buf, 0, {body})\n")
+        scope = {"_pack": struct.Struct(self.format).pack_into}
+        exec(src, scope)  # (generated from the field names above)
+        return scope["pack_into"]
+
+    def pack_into(self, buf, **values) -> None:
+        self._packer(buf, **values)
+
+    def header(self) -> str:
+        lines = [f"// {self.doc}", f"struct {self.name} {{"]
+        for name, ctype, doc, _ in self.members:
+            decl = f"    {ctype} {name};"
+            lines.append(f"{decl:<36}// {doc}")
+        lines.append("};")
+        lines.append(f"static_assert(sizeof({self.name}) == {self.size}, "
+                     f"\"{self.name}: size differs from cuflash/_params.py\");")
+        for name, _, _, off in self.members:
+            lines.append(f"static_assert(__builtin_offsetof({self.name}, {name}) == {off}, "
+                         f"\"{self.name}.{name}\");")
+        return "\n".join(lines)
+
+
+# ---- the forward family: fa2_forward, fa1_forward, fa1_finalize -------------------------------
+FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
+    Field("q", "ptr", "Q (batch, seqlen_q, heads, d)", "const elem_t*"),
+    Field("k", "ptr", "K (batch, seqlen_k, heads_k, d)", "const elem_t*"),
+    Field("v", "ptr", "V, as K", "const elem_t*"),
+    Field("o", "ptr", "O, Q's shape (its own strides)", "elem_t*"),
+    Field("lse", "ptr", "L (batch, heads, seqlen_q), float32, contiguous", "float*"),
+    Field("o_accum", "ptr", "FA1: O in float32 (batch, heads, seqlen_q, d)", "float*", 0),
+    Field("l_accum", "ptr", "FA1: l (batch, heads, seqlen_q)", "float*", 0),
+    Field("m_accum", "ptr", "FA1: m (batch, heads, seqlen_q)", "float*", 0),
+    _strides("q", "Q"), _strides("k", "K"), _strides("v", "V"), _strides("o", "O"),
+    Field("seqlen_q", "i32", "query rows per batch entry"),
+    Field("seqlen_k", "i32", "key rows per batch entry"),
+    Field("d", "i32", "head dim (a multiple of 8, at most the kernel's bucket)"),
+    Field("group", "i32", "query heads per kv head (query head h reads kv head h / group)"),
+    Field("softmax_scale", "f32", "scale of S = Q K^T"),
+    Field("scale_log2", "f32", "softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)"),
+])
+
+# ---- the backward family: preprocess, main kernel, dQ pass ----------------------------------
+BWD = Struct("BwdParams", "Backward kernels (fa2_backward.cu).", [
+    Field("q", "ptr", "Q (batch, seqlen_q, heads, d)", "const elem_t*"),
+    Field("k", "ptr", "K (batch, seqlen_k, heads_k, d)", "const elem_t*"),
+    Field("v", "ptr", "V, as K", "const elem_t*"),
+    Field("o", "ptr", "O, the forward's output (preprocess)", "const elem_t*"),
+    Field("dout", "ptr", "dO, Q's shape", "const elem_t*"),
+    Field("lse", "ptr", "L (batch, heads, seqlen_q), float32", "const float*"),
+    Field("dsum", "ptr", "D = rowsum(dO o O) (batch, heads, seqlen_q), float32", "float*"),
+    Field("dq_accum", "ptr", "float32 dQ sums (layout: fa2_backward.cu)", "float*"),
+    Field("dq_order", "ptr", "ordered mode: turn counters (batch, heads, T_r)", "int*", 0),
+    Field("dq", "ptr", "dQ, Q's shape (its own strides)", "elem_t*"),
+    Field("dk", "ptr", "dK: input dtype, or float32 slices (head_parts > 1)", "void*"),
+    Field("dv", "ptr", "dV, as dK", "void*"),
+    _strides("q", "Q"), _strides("k", "K"), _strides("v", "V"), _strides("o", "O"),
+    _strides("do", "dO"), _strides("dq", "dQ"), _strides("dk", "dK and dV"),
+    # (The int fields keep the order of the main kernel's former argument list: with the
+    # seqlens at other offsets, the d 64 4/4/4 tile, at 255 registers, spilled 40 bytes.)
+    Field("deterministic", "i32", "1: fixed-order dQ sums"),
+    Field("nheads", "i32", "query heads"),
+    Field("head_parts", "i32", "parts each kv head's group is split into (main kernel)"),
+    Field("seqlen_q", "i32", "query rows per batch entry"),
+    Field("seqlen_k", "i32", "key rows per batch entry"),
+    Field("d", "i32", "head dim"),
+    Field("group", "i32", "query heads per kv head"),
+    Field("causal", "i32", "1: causal mask (the dQ pass of the ordered mode)"),
+    Field("splits", "i32", "dQ slices (deterministic mode with dQ atomics), else 1"),
+    Field("dq_accum_cols", "i32", "row pitch of dq_accum (the head-dim bucket)"),
+    Field("lanes", "i32", "preprocess: lanes per query row (a power of two >= d / 8)"),
+    Field("softmax_scale", "f32", "scale of S = Q K^T"),
+    Field("scale_log2", "f32", "softmax_scale * log2(e)"),
+])
+
+STRUCTS = (FWD, BWD)
+HEADER = "params.cuh"
+
+
+def header_text() -> str:
+    parts = ["// params.cuh: the kernels' parameter structs, one per kernel family.",
+             "//",
+             "// Generated from cuflash/_params.py (which also packs them on the host) by",
+             "// `python -m cuflash.compile_check --write-params`: edit that file, not this one.",
+             "#pragma once",
+             "",
+             "namespace cuflash {",
+             ""]
+    for s in STRUCTS:
+        parts += [s.header(), ""]
+    parts.append("}  // namespace cuflash")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,163 @@
+// params.cuh: the kernels' parameter structs, one per kernel family.
+//
+// Generated from cuflash/_params.py (which also packs them on the host) by
+// `python -m cuflash.compile_check --write-params`: edit that file, not this one.
+#pragma once
+
+namespace cuflash {
+
+// Forward kernels (fa2_forward.cu, fa1_forward.cu).
+struct FwdParams {
+    const elem_t* q;                // Q (batch, seqlen_q, heads, d)
+    const elem_t* k;                // K (batch, seqlen_k, heads_k, d)
+    const elem_t* v;                // V, as K
+    elem_t* o;                      // O, Q's shape (its own strides)
+    float* lse;                     // L (batch, heads, seqlen_q), float32, contiguous
+    float* o_accum;                 // FA1: O in float32 (batch, heads, seqlen_q, d)
+    float* l_accum;                 // FA1: l (batch, heads, seqlen_q)
+    float* m_accum;                 // FA1: m (batch, heads, seqlen_q)
+    long long q_stride_b;           // Q: batch stride in elements
+    long long q_stride_s;           // Q: sequence stride in elements
+    long long q_stride_h;           // Q: head stride in elements
+    long long k_stride_b;           // K: batch stride in elements
+    long long k_stride_s;           // K: sequence stride in elements
+    long long k_stride_h;           // K: head stride in elements
+    long long v_stride_b;           // V: batch stride in elements
+    long long v_stride_s;           // V: sequence stride in elements
+    long long v_stride_h;           // V: head stride in elements
+    long long o_stride_b;           // O: batch stride in elements
+    long long o_stride_s;           // O: sequence stride in elements
+    long long o_stride_h;           // O: head stride in elements
+    int seqlen_q;                   // query rows per batch entry
+    int seqlen_k;                   // key rows per batch entry
+    int d;                          // head dim (a multiple of 8, at most the kernel's bucket)
+    int group;                      // query heads per kv head (query head h reads kv head h / group)
+    float softmax_scale;            // scale of S = Q K^T
+    float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
+};
+static_assert(sizeof(FwdParams) == 184, "FwdParams: size differs from cuflash/_params.py");
+static_assert(__builtin_offsetof(FwdParams, q) == 0, "FwdParams.q");
+static_assert(__builtin_offsetof(FwdParams, k) == 8, "FwdParams.k");
+static_assert(__builtin_offsetof(FwdParams, v) == 16, "FwdParams.v");
+static_assert(__builtin_offsetof(FwdParams, o) == 24, "FwdParams.o");
+static_assert(__builtin_offsetof(FwdParams, lse) == 32, "FwdParams.lse");
+static_assert(__builtin_offsetof(FwdParams, o_accum) == 40, "FwdParams.o_accum");
+static_assert(__builtin_offsetof(FwdParams, l_accum) == 48, "FwdParams.l_accum");
+static_assert(__builtin_offsetof(FwdParams, m_accum) == 56, "FwdParams.m_accum");
+static_assert(__builtin_offsetof(FwdParams, q_stride_b) == 64, "FwdParams.q_stride_b");
+static_assert(__builtin_offsetof(FwdParams, q_stride_s) == 72, "FwdParams.q_stride_s");
+static_assert(__builtin_offsetof(FwdParams, q_stride_h) == 80, "FwdParams.q_stride_h");
+static_assert(__builtin_offsetof(FwdParams, k_stride_b) == 88, "FwdParams.k_stride_b");
+static_assert(__builtin_offsetof(FwdParams, k_stride_s) == 96, "FwdParams.k_stride_s");
+static_assert(__builtin_offsetof(FwdParams, k_stride_h) == 104, "FwdParams.k_stride_h");
+static_assert(__builtin_offsetof(FwdParams, v_stride_b) == 112, "FwdParams.v_stride_b");
+static_assert(__builtin_offsetof(FwdParams, v_stride_s) == 120, "FwdParams.v_stride_s");
+static_assert(__builtin_offsetof(FwdParams, v_stride_h) == 128, "FwdParams.v_stride_h");
+static_assert(__builtin_offsetof(FwdParams, o_stride_b) == 136, "FwdParams.o_stride_b");
+static_assert(__builtin_offsetof(FwdParams, o_stride_s) == 144, "FwdParams.o_stride_s");
+static_assert(__builtin_offsetof(FwdParams, o_stride_h) == 152, "FwdParams.o_stride_h");
+static_assert(__builtin_offsetof(FwdParams, seqlen_q) == 160, "FwdParams.seqlen_q");
+static_assert(__builtin_offsetof(FwdParams, seqlen_k) == 164, "FwdParams.seqlen_k");
+static_assert(__builtin_offsetof(FwdParams, d) == 168, "FwdParams.d");
+static_assert(__builtin_offsetof(FwdParams, group) == 172, "FwdParams.group");
+static_assert(__builtin_offsetof(FwdParams, softmax_scale) == 176, "FwdParams.softmax_scale");
+static_assert(__builtin_offsetof(FwdParams, scale_log2) == 180, "FwdParams.scale_log2");
+
+// Backward kernels (fa2_backward.cu).
+struct BwdParams {
+    const elem_t* q;                // Q (batch, seqlen_q, heads, d)
+    const elem_t* k;                // K (batch, seqlen_k, heads_k, d)
+    const elem_t* v;                // V, as K
+    const elem_t* o;                // O, the forward's output (preprocess)
+    const elem_t* dout;             // dO, Q's shape
+    const float* lse;               // L (batch, heads, seqlen_q), float32
+    float* dsum;                    // D = rowsum(dO o O) (batch, heads, seqlen_q), float32
+    float* dq_accum;                // float32 dQ sums (layout: fa2_backward.cu)
+    int* dq_order;                  // ordered mode: turn counters (batch, heads, T_r)
+    elem_t* dq;                     // dQ, Q's shape (its own strides)
+    void* dk;                       // dK: input dtype, or float32 slices (head_parts > 1)
+    void* dv;                       // dV, as dK
+    long long q_stride_b;           // Q: batch stride in elements
+    long long q_stride_s;           // Q: sequence stride in elements
+    long long q_stride_h;           // Q: head stride in elements
+    long long k_stride_b;           // K: batch stride in elements
+    long long k_stride_s;           // K: sequence stride in elements
+    long long k_stride_h;           // K: head stride in elements
+    long long v_stride_b;           // V: batch stride in elements
+    long long v_stride_s;           // V: sequence stride in elements
+    long long v_stride_h;           // V: head stride in elements
+    long long o_stride_b;           // O: batch stride in elements
+    long long o_stride_s;           // O: sequence stride in elements
+    long long o_stride_h;           // O: head stride in elements
+    long long do_stride_b;          // dO: batch stride in elements
+    long long do_stride_s;          // dO: sequence stride in elements
+    long long do_stride_h;          // dO: head stride in elements
+    long long dq_stride_b;          // dQ: batch stride in elements
+    long long dq_stride_s;          // dQ: sequence stride in elements
+    long long dq_stride_h;          // dQ: head stride in elements
+    long long dk_stride_b;          // dK and dV: batch stride in elements
+    long long dk_stride_s;          // dK and dV: sequence stride in elements
+    long long dk_stride_h;          // dK and dV: head stride in elements
+    int deterministic;              // 1: fixed-order dQ sums
+    int nheads;                     // query heads
+    int head_parts;                 // parts each kv head's group is split into (main kernel)
+    int seqlen_q;                   // query rows per batch entry
+    int seqlen_k;                   // key rows per batch entry
+    int d;                          // head dim
+    int group;                      // query heads per kv head
+    int causal;                     // 1: causal mask (the dQ pass of the ordered mode)
+    int splits;                     // dQ slices (deterministic mode with dQ atomics), else 1
+    int dq_accum_cols;              // row pitch of dq_accum (the head-dim bucket)
+    int lanes;                      // preprocess: lanes per query row (a power of two >= d / 8)
+    float softmax_scale;            // scale of S = Q K^T
+    float scale_log2;               // softmax_scale * log2(e)
+};
+static_assert(sizeof(BwdParams) == 320, "BwdParams: size differs from cuflash/_params.py");
+static_assert(__builtin_offsetof(BwdParams, q) == 0, "BwdParams.q");
+static_assert(__builtin_offsetof(BwdParams, k) == 8, "BwdParams.k");
+static_assert(__builtin_offsetof(BwdParams, v) == 16, "BwdParams.v");
+static_assert(__builtin_offsetof(BwdParams, o) == 24, "BwdParams.o");
+static_assert(__builtin_offsetof(BwdParams, dout) == 32, "BwdParams.dout");
+static_assert(__builtin_offsetof(BwdParams, lse) == 40, "BwdParams.lse");
+static_assert(__builtin_offsetof(BwdParams, dsum) == 48, "BwdParams.dsum");
+static_assert(__builtin_offsetof(BwdParams, dq_accum) == 56, "BwdParams.dq_accum");
+static_assert(__builtin_offsetof(BwdParams, dq_order) == 64, "BwdParams.dq_order");
+static_assert(__builtin_offsetof(BwdParams, dq) == 72, "BwdParams.dq");
+static_assert(__builtin_offsetof(BwdParams, dk) == 80, "BwdParams.dk");
+static_assert(__builtin_offsetof(BwdParams, dv) == 88, "BwdParams.dv");
+static_assert(__builtin_offsetof(BwdParams, q_stride_b) == 96, "BwdParams.q_stride_b");
+static_assert(__builtin_offsetof(BwdParams, q_stride_s) == 104, "BwdParams.q_stride_s");
+static_assert(__builtin_offsetof(BwdParams, q_stride_h) == 112, "BwdParams.q_stride_h");
+static_assert(__builtin_offsetof(BwdParams, k_stride_b) == 120, "BwdParams.k_stride_b");
+static_assert(__builtin_offsetof(BwdParams, k_stride_s) == 128, "BwdParams.k_stride_s");
+static_assert(__builtin_offsetof(BwdParams, k_stride_h) == 136, "BwdParams.k_stride_h");
+static_assert(__builtin_offsetof(BwdParams, v_stride_b) == 144, "BwdParams.v_stride_b");
+static_assert(__builtin_offsetof(BwdParams, v_stride_s) == 152, "BwdParams.v_stride_s");
+static_assert(__builtin_offsetof(BwdParams, v_stride_h) == 160, "BwdParams.v_stride_h");
+static_assert(__builtin_offsetof(BwdParams, o_stride_b) == 168, "BwdParams.o_stride_b");
+static_assert(__builtin_offsetof(BwdParams, o_stride_s) == 176, "BwdParams.o_stride_s");
+static_assert(__builtin_offsetof(BwdParams, o_stride_h) == 184, "BwdParams.o_stride_h");
+static_assert(__builtin_offsetof(BwdParams, do_stride_b) == 192, "BwdParams.do_stride_b");
+static_assert(__builtin_offsetof(BwdParams, do_stride_s) == 200, "BwdParams.do_stride_s");
+static_assert(__builtin_offsetof(BwdParams, do_stride_h) == 208, "BwdParams.do_stride_h");
+static_assert(__builtin_offsetof(BwdParams, dq_stride_b) == 216, "BwdParams.dq_stride_b");
+static_assert(__builtin_offsetof(BwdParams, dq_stride_s) == 224, "BwdParams.dq_stride_s");
+static_assert(__builtin_offsetof(BwdParams, dq_stride_h) == 232, "BwdParams.dq_stride_h");
+static_assert(__builtin_offsetof(BwdParams, dk_stride_b) == 240, "BwdParams.dk_stride_b");
+static_assert(__builtin_offsetof(BwdParams, dk_stride_s) == 248, "BwdParams.dk_stride_s");
+static_assert(__builtin_offsetof(BwdParams, dk_stride_h) == 256, "BwdParams.dk_stride_h");
+static_assert(__builtin_offsetof(BwdParams, deterministic) == 264, "BwdParams.deterministic");
+static_assert(__builtin_offsetof(BwdParams, nheads) == 268, "BwdParams.nheads");
+static_assert(__builtin_offsetof(BwdParams, head_parts) == 272, "BwdParams.head_parts");
+static_assert(__builtin_offsetof(BwdParams, seqlen_q) == 276, "BwdParams.seqlen_q");
+static_assert(__builtin_offsetof(BwdParams, seqlen_k) == 280, "BwdParams.seqlen_k");
+static_assert(__builtin_offsetof(BwdParams, d) == 284, "BwdParams.d");
+static_assert(__builtin_offsetof(BwdParams, group) == 288, "BwdParams.group");
+static_assert(__builtin_offsetof(BwdParams, causal) == 292, "BwdParams.causal");
+static_assert(__builtin_offsetof(BwdParams, splits) == 296, "BwdParams.splits");
+static_assert(__builtin_offsetof(BwdParams, dq_accum_cols) == 300, "BwdParams.dq_accum_cols");
+static_assert(__builtin_offsetof(BwdParams, lanes) == 304, "BwdParams.lanes");
+static_assert(__builtin_offsetof(BwdParams, softmax_scale) == 308, "BwdParams.softmax_scale");
+static_assert(__builtin_offsetof(BwdParams, scale_log2) == 312, "BwdParams.scale_log2");
+
+}  // namespace cuflash
