@@ -45,6 +45,30 @@ class ForwardConfig:
         # Q_i (B_r x HD) + kv_stages x (K_j, V_j) (B_c x HD each), 2 bytes per element.
         return 2 * (self.B_r + 2 * self.kv_stages * self.B_c) * self.HD
 
+    # The register workarounds of the kernel body (ForwardTile, where each is explained; the
+    # compile check asserts that these agree with it).
+    @property
+    def rebuild(self) -> bool:
+        """32 rows per warp: readers and K/V pointers rebuilt where used."""
+        return self.B_r // self.nwarps // 16 > 1
+
+    @property
+    def lean(self) -> bool:
+        """O~ and S accumulators take 192 registers or more: row sums and loop bounds leave
+        the registers, lazy rescaling."""
+        mt = self.B_r // self.nwarps // 16
+        return mt * (self.HD // 8 + self.B_c // 8) * 4 >= 192
+
+    @property
+    def tile_type(self) -> str:
+        return (f"cuflash::ForwardTile<{self.HD}, {self.B_r}, {self.B_c}, {self.nwarps}, "
+                f"{self.kv_stages}>")
+
+    def tile_asserts(self) -> list[str]:
+        return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}",
+                f"{self.tile_type}::LEAN == {str(self.lean).lower()}",
+                f"{self.tile_type}::REBUILD == {str(self.rebuild).lower()}"]
+
 
 # Tile shapes (B_r, B_c, warps[, K/V stages]) per head-dim bucket and mask, in order of
 # preference; the first whose shared memory fits the device is used (sm_86/89/120 allow 99 KB
@@ -125,9 +149,8 @@ def forward_plans(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM) -> lis
 
 
 def forward_kernel_name(dtype_name: str, cfg: ForwardConfig, causal: bool) -> str:
-    tag = ELEMENT_TAGS[dtype_name]
-    return (f"cuflash::fa2_forward<{tag}, {cfg.HD}, {cfg.B_r}, {cfg.B_c}, {cfg.nwarps}, "
-            f"{cfg.kv_stages}, {'true' if causal else 'false'}>")
+    return (f"cuflash::fa2_forward<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
+            f"{'true' if causal else 'false'}>")
 
 
 FORWARD_FILE = "fa2_forward.cu"
@@ -163,6 +186,14 @@ class FA1Config:
     def smem_bytes(self) -> int:
         return 2 * (self.B_r + 2 * self.B_c) * self.HD  # Q_i, K_j, V_j
 
+    @property
+    def tile_type(self) -> str:
+        return f"cuflash::Fa1Tile<{self.HD}, {self.B_r}, {self.B_c}>"
+
+    def tile_asserts(self) -> list[str]:
+        return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}",
+                f"{self.tile_type}::NTHREADS == {self.threads}"]
+
     def describe(self, seqlen_q: int, seqlen_k: int) -> str:
         T_r, T_c = -(-seqlen_q // self.B_r), -(-seqlen_k // self.B_c)
         return (f"FA1 plan: M = {self.M} elements on chip; B_c = ceil(M / 4d) = "
@@ -190,7 +221,7 @@ def fa1_config(HD: int, max_smem_bytes: int = 227 * 1024) -> FA1Config:
 
 
 def fa1_kernel_name(dtype_name: str, cfg: FA1Config, causal: bool) -> str:
-    return (f"cuflash::fa1_forward<{ELEMENT_TAGS[dtype_name]}, {cfg.HD}, {cfg.B_r}, {cfg.B_c}, "
+    return (f"cuflash::fa1_forward<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
             f"{'true' if causal else 'false'}>")
 
 
@@ -245,6 +276,29 @@ class BackwardConfig:
         p = 2 * self.B_r * self.B_c * 2                          # P_ij, dS_ij
         dq = self.dq_bulk * self.B_r * self.HD * 4               # dQ_ij tiles, float32
         return kv + rows + p + dq
+
+    # The register workarounds of the kernel body (BackwardTile, where each is explained; the
+    # compile check asserts that these agree with it).
+    @property
+    def rebuild(self) -> bool:
+        """Readers rebuilt per product phase from an opaque lane index."""
+        return self.HD > 128
+
+    @property
+    def opaque_rows(self) -> bool:
+        """Row-block indices and range from opaque copies (d 64, layout 4/4/4)."""
+        return self.HD == 64 and self.wm_sdp == 4
+
+    @property
+    def tile_type(self) -> str:
+        return (f"cuflash::BackwardTile<{self.HD}, {self.B_r}, {self.B_c}, {self.nwarps}, "
+                f"{self.wm_sdp}, {self.wm_dkv}, {self.wm_dq}, {self.qstages}, {self.dq_bulk}>")
+
+    def tile_asserts(self) -> list[str]:
+        t = self.tile_type
+        return [f"{t}::SMEM_BYTES == {self.smem_bytes}", f"{t}::PITCH == {self.pitch}",
+                f"{t}::REBUILD == {str(self.rebuild).lower()}",
+                f"{t}::OPAQUE_ROWS == {str(self.opaque_rows).lower()}"]
 
 
 # (B_r, B_c, nwarps, wm_sdp, wm_dkv, wm_dq, qstages) in order of preference, dQ by atomics;
@@ -327,19 +381,14 @@ def config_from_shape(which: str, d: int, shape: str, bulk: bool = False):
                           dq_bulk=n[7] if len(n) > 7 else 2 * bulk)
 
 
-def _tile_args(cfg: BackwardConfig) -> str:
-    return (f"{cfg.HD}, {cfg.B_r}, {cfg.B_c}, {cfg.nwarps}, {cfg.wm_sdp}, {cfg.wm_dkv}, "
-            f"{cfg.wm_dq}, {cfg.qstages}")
-
-
 def backward_kernel_name(dtype_name: str, cfg: BackwardConfig, causal: bool,
                          ordered: bool = False) -> str:
     """ordered: the deterministic mode's kernel with ordered dQ additions (cfg.dq_bulk only;
     with dQ atomics the deterministic mode runs the default kernel on split slices)."""
     if ordered and not cfg.dq_bulk:
         raise ValueError("ordered dQ additions need the bulk dQ reduction")
-    return (f"cuflash::fa2_backward<{ELEMENT_TAGS[dtype_name]}, {_tile_args(cfg)}, "
-            f"{cfg.dq_bulk}, {'true' if causal else 'false'}, {'true' if ordered else 'false'}>")
+    return (f"cuflash::fa2_backward<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
+            f"{'true' if causal else 'false'}, {'true' if ordered else 'false'}>")
 
 
 def backward_preprocess_name(dtype_name: str) -> str:
@@ -349,7 +398,7 @@ def backward_preprocess_name(dtype_name: str) -> str:
 def backward_dq_name(dtype_name: str, cfg: BackwardConfig) -> str:
     """The kernel that turns dQ_accum into dQ (its layout depends on cfg.dq_bulk)."""
     if cfg.dq_bulk:
-        return f"cuflash::fa2_backward_dq_bulk<{ELEMENT_TAGS[dtype_name]}, {_tile_args(cfg)}>"
+        return f"cuflash::fa2_backward_dq_bulk<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}>"
     return f"cuflash::fa2_backward_dq<{ELEMENT_TAGS[dtype_name]}>"
 
 
@@ -358,21 +407,19 @@ def backward_dq_name(dtype_name: str, cfg: BackwardConfig) -> str:
 ARCH_SMEM = {"80": (99 * 1024, 163 * 1024), "90": (227 * 1024,)}
 
 
-def all_specialisations(arch: str | None = None) -> list[tuple[str, str]]:
-    """(kernel file, name expression) of every kernel the package may launch on a GPU of
-    architecture class `arch` ("80" or "90", see ARCH_SMEM), or on any GPU (None): the tile
-    shape the planner picks for each shared-memory size of that class."""
-    if arch is None:
-        return list(dict.fromkeys(s for a in ARCH_SMEM for s in all_specialisations(a)))
+def _planned(arch: str) -> list[tuple[str, str, object]]:
+    """(kernel file, name expression, tile config or None) of every kernel the package may
+    launch on a GPU of architecture class `arch` ("80" or "90", see ARCH_SMEM): the tile the
+    planner picks for each shared-memory size of that class."""
     smems, bulk = ARCH_SMEM[arch], has_bulk_copy(int(arch))
     specs = []
     for dtype_name in ELEMENT_TAGS:
         for HD in HEAD_DIM_BUCKETS:
             for causal in (False, True):
                 for smem in smems:
-                    specs += [(FORWARD_FILE, forward_kernel_name(dtype_name, cfg, causal))
+                    specs += [(FORWARD_FILE, forward_kernel_name(dtype_name, cfg, causal), cfg)
                               for cfg in forward_plans(HD, causal, smem)]
-        specs.append((BACKWARD_FILE, backward_preprocess_name(dtype_name)))
+        specs.append((BACKWARD_FILE, backward_preprocess_name(dtype_name), None))
         for HD in BACKWARD_HEAD_DIM_BUCKETS:
             for smem in smems:
                 try:
@@ -382,12 +429,29 @@ def all_specialisations(arch: str | None = None) -> list[tuple[str, str]]:
                 for causal in (False, True):
                     for ordered in (False, True) if cfg.dq_bulk else (False,):
                         specs.append((BACKWARD_FILE,
-                                      backward_kernel_name(dtype_name, cfg, causal, ordered)))
-                specs.append((BACKWARD_FILE, backward_dq_name(dtype_name, cfg)))
+                                      backward_kernel_name(dtype_name, cfg, causal, ordered), cfg))
+                specs.append((BACKWARD_FILE, backward_dq_name(dtype_name, cfg), cfg))
         for HD in HEAD_DIM_BUCKETS:
             for smem in smems:  # the FA1 plan depends on the GPU's shared memory
+                cfg = fa1_config(HD, smem)
                 for causal in (False, True):
-                    specs.append((FA1_FILE,
-                                  fa1_kernel_name(dtype_name, fa1_config(HD, smem), causal)))
-        specs.append((FA1_FILE, fa1_finalize_name(dtype_name)))
-    return list(dict.fromkeys(specs))  # unique, in order
+                    specs.append((FA1_FILE, fa1_kernel_name(dtype_name, cfg, causal), cfg))
+        specs.append((FA1_FILE, fa1_finalize_name(dtype_name), None))
+    return specs
+
+
+def all_specialisations(arch: str | None = None) -> list[tuple[str, str]]:
+    """(kernel file, name expression) of every kernel the package may launch on a GPU of
+    architecture class `arch` ("80" or "90", see ARCH_SMEM), or on any GPU (None)."""
+    if arch is None:
+        return list(dict.fromkeys(s for a in ARCH_SMEM for s in all_specialisations(a)))
+    return list(dict.fromkeys((f, n) for f, n, _ in _planned(arch)))  # unique, in order
+
+
+def tile_assertions(arch: str, filename: str) -> list[str]:
+    """C++ conditions that hold iff the kernels' tile traits agree with this planner's configs
+    (shared memory, the named register workarounds) for every tile of kernels/filename planned
+    on architecture class `arch`: the compile check static_asserts them."""
+    conds = [c for f, _, cfg in _planned(arch) if f == filename and cfg is not None
+             for c in cfg.tile_asserts()]
+    return list(dict.fromkeys(conds))

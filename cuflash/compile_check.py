@@ -56,10 +56,15 @@ class KernelReport:
     spill_loads: int
 
 
-def instantiation_source(filename: str, names: list[str]) -> str:
+def instantiation_source(filename: str, names: list[str], asserts: list[str] = ()) -> str:
+    """The kernel file as NVRTC compiles it, plus one line per specialisation that takes its
+    address (instantiating it) and one static_assert per planner/traits agreement check."""
     lines = [_loader.expand_source(filename), '#line 1 "compile_check_instantiations"']
     for i, name in enumerate(names):
         lines.append(f"__device__ void* cuflash_instantiate_{i} = (void*)&{name};")
+    for cond in asserts:
+        lines.append(f'static_assert({cond}, "the planner (cuflash/_plan.py) and the tile '
+                     f'traits disagree: {cond}");')
     return "\n".join(lines) + "\n"
 
 
@@ -89,7 +94,7 @@ def compile_file(filename: str, names: list[str], arch: str, nvcc: str) -> tuple
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "check.cu")
         with open(src, "w") as f:
-            f.write(instantiation_source(filename, names))
+            f.write(instantiation_source(filename, names, _plan.tile_assertions(arch, filename)))
         cmd = [nvcc, "-cubin", f"-arch=sm_{arch}", *_loader.NVRTC_OPTIONS, "-Xptxas", "-v",
                "-o", os.path.join(tmp, "check.cubin"), src]
         proc = subprocess.run(cmd, capture_output=True, text=True)

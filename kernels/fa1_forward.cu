@@ -30,14 +30,24 @@
 
 namespace cuflash {
 
-template <typename T, int HD, int B_r, int B_c, bool CAUSAL>
-__global__ void __launch_bounds__(B_r / 16 * 32, 1)
+// Tile shape (cuflash/_plan.py, fa1_config): B_r query rows, B_c keys, head-dim bucket HD.
+template <int HD_, int B_r_, int B_c_>
+struct Fa1Tile {
+    static constexpr int HD = HD_, B_r = B_r_, B_c = B_c_;
+    static constexpr int NWARPS = B_r / 16, NTHREADS = NWARPS * 32;  // 16 rows per warp
+    // Q_i (B_r x HD), K_j, V_j (B_c x HD each), 16-bit (FA1Config.smem_bytes)
+    static constexpr int SMEM_BYTES = 2 * (B_r + 2 * B_c) * HD;
+    static_assert(B_r % 16 == 0 && B_c % 16 == 0 && HD % 32 == 0, "tensor-core tiles");
+};
+
+template <typename T, typename Tile, bool CAUSAL>
+__global__ void __launch_bounds__(Tile::NTHREADS, 1)
 fa1_forward(const FwdParams p) {
+    constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c;
     const float softmax_scale = p.softmax_scale, scale_log2 = p.scale_log2;
     const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, d = p.d;
-    constexpr int NWARPS = B_r / 16, NTHREADS = NWARPS * 32;
+    constexpr int NTHREADS = Tile::NTHREADS;
     constexpr int NT_S = B_c / 8, NT_O = HD / 8;
-    static_assert(B_r % 16 == 0 && B_c % 16 == 0 && HD % 32 == 0, "tensor-core tiles");
 
     extern __shared__ __attribute__((aligned(128))) elem_t smem[];
     elem_t* sQ = smem;           // (B_r, HD)  Q_i

@@ -107,10 +107,11 @@ fa2_backward_preprocess(const BwdParams p) {
 //   S, dP    (B_r x B_c):  WM_SDP warps along the query rows, the rest along the keys
 //   dK, dV   (B_c x HD):   WM_DKV warps along the keys, the rest along the head dim
 //   dQ       (B_r x HD):   WM_DQ warps along the query rows, the rest along the head dim
-template <int HD_, int B_r_, int B_c_, int NWARPS_, int WM_SDP, int WM_DKV, int WM_DQ,
+template <int HD_, int B_r_, int B_c_, int NWARPS_, int WM_SDP_, int WM_DKV_, int WM_DQ_,
           int QSTAGES_, int DQ_BULK_>
 struct BackwardTile {
     static constexpr int HD = HD_, B_r = B_r_, B_c = B_c_, NWARPS = NWARPS_, QSTAGES = QSTAGES_;
+    static constexpr int WM_SDP = WM_SDP_, WM_DKV = WM_DKV_, WM_DQ = WM_DQ_;
     static constexpr int DQ_BULK = DQ_BULK_;
     static constexpr int NTHREADS = NWARPS * 32;
     // Per-warp tile of S, dP: S_MW query rows x S_NW keys = S_MT m16 x S_NT n8 mma tiles.
@@ -145,7 +146,19 @@ struct BackwardTile {
     // ptxas from hoisting fragments of later steps next to P_ij (kept in registers; else it
     // spills).
     static constexpr bool DP_FENCE = DQ_BULK == 0;
-    // Shared memory, in bytes.
+    // Register workarounds of the kernel body (cuflash/_plan.py's BackwardConfig mirrors them;
+    // the compile check asserts they agree):
+    // REBUILD: the ldmatrix readers are built at the start of each product phase; with
+    //   registers to spare the compiler hoists them out of the loop, but at HD > 128 they are
+    //   rebuilt from an opaque copy of the lane index (a few integer ops per phase), so that
+    //   only the two a phase uses are live.
+    static constexpr bool REBUILD = HD > 128;
+    // OPAQUE_ROWS: d 64 in layout 4/4/4 runs at 255 registers: there the row-block indices
+    //   (loader, buffer parity, mask test) and the range of row blocks come from opaque copies;
+    //   otherwise ptxas derives them from values it then holds through the loop, and spills
+    //   4-84 bytes.
+    static constexpr bool OPAQUE_ROWS = HD == 64 && WM_SDP == 4;
+    // Shared memory, in bytes (BackwardConfig.smem_bytes; the compile check asserts they agree).
     static constexpr int TILE_KV = B_c * PITCH * 2;  // K_j, V_j
     static constexpr int TILE_Q = B_r * PITCH * 2;   // Q_i, dO_i (QSTAGES copies each)
     static constexpr int TILE_P = B_r * B_c * 2;  // P_ij, dS_ij
@@ -189,10 +202,12 @@ struct BackwardTile {
 // registers. dK, dV: with head_parts == 1, in the input dtype (batch, seqlen_k, heads_k, d);
 // with head_parts > 1 (used where one part per kv head would leave SMs idle), float32 slices
 // (head_parts, batch, seqlen_k, heads_k, d), contiguous, which the caller sums.
-template <typename T, int HD, int B_r, int B_c, int NWARPS, int WM_SDP, int WM_DKV, int WM_DQ,
-          int QSTAGES, int DQ_BULK, bool CAUSAL, bool ORDERED>
-__global__ void __launch_bounds__(NWARPS * 32, 1)
+template <typename T, typename Tile, bool CAUSAL, bool ORDERED>
+__global__ void __launch_bounds__(Tile::NTHREADS, 1)
 fa2_backward(const BwdParams p) {
+    constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c;
+    constexpr int WM_SDP = Tile::WM_SDP, WM_DKV = Tile::WM_DKV, WM_DQ = Tile::WM_DQ;
+    constexpr int QSTAGES = Tile::QSTAGES, DQ_BULK = Tile::DQ_BULK;
     const elem_t* __restrict__ Q = p.q;
     const elem_t* __restrict__ K = p.k;
     const elem_t* __restrict__ V = p.v;
@@ -213,7 +228,6 @@ fa2_backward(const BwdParams p) {
     const long long dk_stride_b = p.dk_stride_b, dk_stride_s = p.dk_stride_s,
                     dk_stride_h = p.dk_stride_h;
     const float softmax_scale = p.softmax_scale, scale_log2 = p.scale_log2;
-    using Tile = BackwardTile<HD, B_r, B_c, NWARPS, WM_SDP, WM_DKV, WM_DQ, QSTAGES, DQ_BULK>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     static_assert(DQ_BULK == 0, "DQ_BULK needs sm_90 or newer (cp.reduce.async.bulk)");
 #endif
@@ -259,14 +273,7 @@ fa2_backward(const BwdParams p) {
     constexpr unsigned OFF_DO = OFF_Q + QSTAGES * Tile::TILE_Q;
     constexpr unsigned OFF_P = OFF_DO + QSTAGES * Tile::TILE_Q, OFF_DS = OFF_P + Tile::TILE_P;
     constexpr unsigned OFF_DQ = OFF_DS + Tile::TILE_P + 2 * QSTAGES * Tile::VEC;
-    // Readers are built at the start of each product phase. With registers to spare the
-    // compiler hoists them out of the loop; at HD > 128 they are rebuilt from an opaque copy of
-    // the lane index (a few integer ops per phase), so that only the two a phase uses are live.
-    constexpr bool REBUILD = HD > 128;
-    // d 64 in layout 4/4/4 runs at 255 registers: there the row-block indices (loader, buffer
-    // parity, mask test) and the range of row blocks also come from opaque copies; otherwise
-    // ptxas derives them from values it then holds through the loop, and spills 4-84 bytes.
-    constexpr bool OPAQUE_ROWS = HD == 64 && WM_SDP == 4;
+    constexpr bool REBUILD = Tile::REBUILD, OPAQUE_ROWS = Tile::OPAQUE_ROWS;  // (see the Tile)
     auto rows_opaque = [&](int x) { return OPAQUE_ROWS ? opaque(x) : x; };
     auto lane_id = [&]() { return REBUILD ? opaque(lane) : lane; };
     // A from a row-major tile, or B (.trans) from a [k][n] tile
@@ -730,13 +737,12 @@ fa2_backward_dq(const BwdParams p) {
 // must match). One thread per 4 floats of a fragment (rows g and g + 8, two columns), read
 // grid (ceil(T_r * B_r * HD / 4 / 128), heads, batch). Deterministic mode (p.deterministic
 // = 1; dQ_accum not zeroed): row block i was written iff some column block sees it (n_i > 0).
-template <typename T, int HD, int B_r, int B_c, int NWARPS, int WM_SDP, int WM_DKV, int WM_DQ,
-          int QSTAGES>
+template <typename T, typename Tile>
 __global__ void __launch_bounds__(128)
 fa2_backward_dq_bulk(const BwdParams p) {
+    constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, WM_DQ = Tile::WM_DQ;
     const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, d = p.d;
     const float softmax_scale = p.softmax_scale;
-    using Tile = BackwardTile<HD, B_r, B_c, NWARPS, WM_SDP, WM_DKV, WM_DQ, QSTAGES, 1>;
     constexpr int FRAGS = B_r * HD / 4;  // per row block
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
     const int T_r = (seqlen_q + B_r - 1) / B_r;

@@ -28,7 +28,7 @@
 //   T       fp16 | bf16                      element type of Q, K, V, O
 //   HD       32, 64, ..., 256                 head-dim bucket; the real d (multiple of 8, <= HD)
 //                                            is zero-padded inside shared memory
-//   B_r, B_c, NWARPS, KV_STAGES              tile shape and K/V buffers (see ForwardTile)
+//   Tile = ForwardTile<HD, B_r, B_c, NWARPS, KV_STAGES>: tile shape and K/V buffers
 //   CAUSAL                                   bottom-right aligned causal mask, blocks fully
 //                                            above the diagonal skipped (block_range.cuh)
 #include "common.cuh"
@@ -63,10 +63,17 @@ struct ForwardTile {
     //   SPLIT_V0      the first V_j is a cp.async group of its own: the first step computes
     //                 S_ij as soon as Q_i and K_j are in and waits for V_j only before P~V.
     static constexpr bool LAZY_RESCALE = LEAN;
+    // REBUILD (32 rows per warp): the ldmatrix readers and the K/V pointers are rebuilt where
+    // they are used, from opaque copies of the lane index, batch and head, instead of being
+    // held in registers through the loop beside O~_i and S_ij.
+    static constexpr bool REBUILD = MT > 1;
+    // (cuflash/_plan.py's ForwardConfig mirrors LEAN and REBUILD; the compile check asserts
+    // they agree.)
     static constexpr float RESCALE_LOG2 = 8.f;
     static constexpr bool SPLIT_V0 = LEAN && KV_STAGES == 2;
-    // Shared memory, in elements: Q_i (B_r x HD), KV_STAGES x (K_j, V_j) (B_c x HD each).
-    static constexpr int SMEM_ELEMS = (B_r + 2 * KV_STAGES * B_c) * HD;
+    // Shared memory, in bytes: Q_i (B_r x HD), KV_STAGES x (K_j, V_j) (B_c x HD each), 16-bit.
+    // (cuflash/_plan.py's ForwardConfig.smem_bytes; the compile check asserts they agree.)
+    static constexpr int SMEM_BYTES = 2 * (B_r + 2 * KV_STAGES * B_c) * HD;
     // Thread blocks per SM the register file is planned for: O~_i and S_ij accumulators plus
     // about 64 registers of addresses, fragments and softmax state per thread (16 more for the
     // causal mask, 8 for the second K/V stage). Passed to __launch_bounds__ so that ptxas aims
@@ -92,10 +99,11 @@ struct ForwardTile {
 // Q, K, V: (batch, seqlen, heads, d) with arbitrary strides in elements (the last dim is
 // contiguous); q head h reads kv head h / group (MQA/GQA). O has Q's shape (its own strides);
 // L is float32 (batch, heads, seqlen_q), contiguous.
-template <typename T, int HD, int B_r, int B_c, int NWARPS, int KV_STAGES, bool CAUSAL>
-__global__ void __launch_bounds__(NWARPS * 32,
-                                  ForwardTile<HD, B_r, B_c, NWARPS, KV_STAGES>::min_blocks(CAUSAL))
+template <typename T, typename Tile, bool CAUSAL>
+__global__ void __launch_bounds__(Tile::NTHREADS, Tile::min_blocks(CAUSAL))
 fa2_forward(const FwdParams p) {
+    constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, NWARPS = Tile::NWARPS;
+    constexpr int KV_STAGES = Tile::KV_STAGES;
     const elem_t* __restrict__ Q = p.q;
     const elem_t* __restrict__ K = p.k;
     const elem_t* __restrict__ V = p.v;
@@ -107,7 +115,6 @@ fa2_forward(const FwdParams p) {
     const long long v_stride_b = p.v_stride_b, v_stride_s = p.v_stride_s, v_stride_h = p.v_stride_h;
     const long long o_stride_b = p.o_stride_b, o_stride_s = p.o_stride_s, o_stride_h = p.o_stride_h;
     const float softmax_scale = p.softmax_scale, scale_log2 = p.scale_log2;
-    using Tile = ForwardTile<HD, B_r, B_c, NWARPS, KV_STAGES>;
     constexpr int NTHREADS = Tile::NTHREADS, RPW = Tile::ROWS_PER_WARP, MT = Tile::MT;
     constexpr int NT_S = Tile::NT_S, NT_O = Tile::NT_O;
     constexpr bool LEAN = Tile::LEAN;
@@ -127,11 +134,11 @@ fa2_forward(const FwdParams p) {
     // lane index, so that their 12 registers are not held across the loop beside O~_i and S_ij
     // (see `opaque`); at 16 rows per warp there is room to keep them.
     auto rows_first = [&](const elem_t* tile) {
-        const int l = MT > 1 ? opaque(lane) : lane;
+        const int l = Tile::REBUILD ? opaque(lane) : lane;
         return SwizzledReader<HD>(smem_u32(tile), lane_row_rows_first(l), lane_chunk_rows_first(l));
     };
     auto chunks_first = [&](const elem_t* tile) {
-        const int l = MT > 1 ? opaque(lane) : lane;
+        const int l = Tile::REBUILD ? opaque(lane) : lane;
         return SwizzledReader<HD>(smem_u32(tile), lane_row_chunks_first(l),
                                   lane_chunk_chunks_first(l));
     };
@@ -147,13 +154,13 @@ fa2_forward(const FwdParams p) {
     // rebuilt per call from the kernel arguments rather than held in registers.
     auto load_kv = [&](elem_t* dst, const elem_t* base, long long stride_b, long long stride_h,
                        long long stride_s, int col0) {
-        const long long b = MT > 1 ? opaque(batch) : batch;
-        const long long hk = MT > 1 ? opaque(head_k) : head_k;
+        const long long b = Tile::REBUILD ? opaque(batch) : batch;
+        const long long hk = Tile::REBUILD ? opaque(head_k) : head_k;
         // (32 rows per warp: the flat-index loader, which holds fewer registers; at d = 96
         // the segmented one spilled)
         load_tile_async<B_c, HD, NTHREADS, MT == 1>(
             dst, base + b * stride_b + hk * stride_h + col0 * stride_s, stride_s,
-            seqlen_k - col0, chunks, MT > 1 ? opaque(tid) : tid);
+            seqlen_k - col0, chunks, Tile::REBUILD ? opaque(tid) : tid);
     };
 
     const ColumnBlocks cb = column_blocks<B_r, B_c, CAUSAL>(row_block, seqlen_q, seqlen_k);

@@ -104,3 +104,17 @@ def test_compile_check_cache_round_trip(tmp_path, monkeypatch):
     again, cached2 = compile_check.check_all_cached(("80",), "nvcc", str(tmp_path))
     assert (cached1, cached2, len(calls)) == (False, True, 1)
     assert again == fake and again[0].spill_stores == 8
+
+
+def test_planner_and_tile_traits_are_checked_for_every_tile():
+    """The compile check static_asserts, for every planned tile, that the kernel's traits give
+    the planner's shared-memory size and register workarounds (one formula each, proven
+    equal)."""
+    for arch in compile_check.ARCHS:
+        for filename in (_plan.FORWARD_FILE, _plan.BACKWARD_FILE, _plan.FA1_FILE):
+            conds = _plan.tile_assertions(arch, filename)
+            tiles = {c.split("::SMEM_BYTES")[0] for c in conds if "::SMEM_BYTES" in c}
+            names = [n for f, n in _plan.all_specialisations(arch) if f == filename]
+            for name in names:
+                if "Tile<" in name:
+                    assert any(t in name for t in tiles), name

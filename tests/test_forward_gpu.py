@@ -200,7 +200,7 @@ def test_repeatable_bitwise():
 
 def test_concurrent_calls_from_host_threads():
     """Launches from several host threads at once: each kernel's packed argument buffer is
-    shared (PackedLaunch, guarded by a lock), so a race would launch one thread's problem with
+    shared (ParamBuffer, guarded by its lock), so a race would launch one thread's problem with
     another's pointers or sizes. Every thread must get exactly its own answer."""
     from concurrent.futures import ThreadPoolExecutor
 
