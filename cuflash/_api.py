@@ -493,7 +493,7 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
                     continue
                 names += [(_plan.BACKWARD_FILE, _plan.backward_kernel_name(dt, cfg, c, o))
                           for c in causal for o in ((False, True) if cfg.dq_bulk else (False,))]
-                names.append((_plan.BACKWARD_FILE, _plan.backward_dq_name(dt, cfg)))
+                names += [(_plan.BACKWARD_FILE, _plan.backward_dq_name(dt, cfg, c)) for c in causal]
 
     if fa1:
         for dt in dtypes:
@@ -597,7 +597,8 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
             _set_smem(main, cfg.smem_bytes)
             pre = _loader.get_kernel(_plan.BACKWARD_FILE,
                                      _plan.backward_preprocess_name(dtype_name))
-            fin = _loader.get_kernel(_plan.BACKWARD_FILE, _plan.backward_dq_name(dtype_name, cfg))
+            fin = _loader.get_kernel(_plan.BACKWARD_FILE,
+                                     _plan.backward_dq_name(dtype_name, cfg, causal))
             launch = _backward_launches[key] = (
                 cfg, ordered, _loader.Launcher(pre), _loader.Launcher(main),
                 _loader.Launcher(fin), _loader.ParamBuffer(_params.BWD))
@@ -623,7 +624,10 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         parts = _head_parts(group, (splits if split else T_c) * nheads_k * batch, sms)
         alloc = cupy.empty if ordered else cupy.zeros
         dq_accum = alloc((splits, batch, nheads, rows, cfg.HD), dtype=cupy.float32)
-        dq_order = cupy.zeros((batch, nheads, T_r), dtype=cupy.int32) if ordered else None
+        # ordered: turn counters (batch, heads, T_r), then one ticket counter per (batch, kv
+        # head part) (fa2_backward.cu, "Deterministic mode")
+        dq_order = cupy.zeros(batch * nheads * T_r + batch * nheads_k * parts,
+                              dtype=cupy.int32) if ordered else None
         if parts > 1:  # float32 slices (parts, batch, seqlen_k, nheads_k, d), summed below
             dk_buf = cupy.empty((parts,) + k.shape, dtype=cupy.float32)
             dv_buf = cupy.empty((parts,) + k.shape, dtype=cupy.float32)
@@ -642,7 +646,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
                         do_strides=_strides(dout), dq_strides=_strides(dq),
                         dk_strides=dkv_strides, seqlen_q=seqlen_q, seqlen_k=seqlen_k, d=d,
                         group=group, nheads=nheads, head_parts=parts,
-                        deterministic=int(deterministic), causal=int(causal), splits=splits,
+                        deterministic=int(deterministic), splits=splits,
                         dq_accum_cols=cfg.HD, lanes=lanes, softmax_scale=scale,
                         scale_log2=scale * _LOG2E)
             # 1. D = rowsum(dO ∘ O)

@@ -142,7 +142,6 @@ BWD = Struct("BwdParams", "Backward kernels (fa2_backward.cu).", [
     Field("seqlen_k", "i32", "key rows per batch entry"),
     Field("d", "i32", "head dim"),
     Field("group", "i32", "query heads per kv head"),
-    Field("causal", "i32", "1: causal mask (the dQ pass of the ordered mode)"),
     Field("splits", "i32", "dQ slices (deterministic mode with dQ atomics), else 1"),
     Field("dq_accum_cols", "i32", "row pitch of dq_accum (the head-dim bucket)"),
     Field("lanes", "i32", "preprocess: lanes per query row (a power of two >= d / 8)"),

@@ -148,9 +148,13 @@ def forward_plans(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM) -> lis
     return list(dict.fromkeys(forward_config(HD, causal, max_smem_bytes, n) for n in (None, 1)))
 
 
+def mask_type(causal: bool) -> str:
+    """The kernels' Mask (kernels/mask.cuh): which keys each query row sees."""
+    return f"cuflash::Mask<{'true' if causal else 'false'}>"
+
+
 def forward_kernel_name(dtype_name: str, cfg: ForwardConfig, causal: bool) -> str:
-    return (f"cuflash::fa2_forward<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
-            f"{'true' if causal else 'false'}>")
+    return f"cuflash::fa2_forward<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, {mask_type(causal)}>"
 
 
 FORWARD_FILE = "fa2_forward.cu"
@@ -222,7 +226,7 @@ def fa1_config(HD: int, max_smem_bytes: int = 227 * 1024) -> FA1Config:
 
 def fa1_kernel_name(dtype_name: str, cfg: FA1Config, causal: bool) -> str:
     return (f"cuflash::fa1_forward<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
-            f"{'true' if causal else 'false'}>")
+            f"{mask_type(causal)}>")
 
 
 def fa1_finalize_name(dtype_name: str) -> str:
@@ -388,17 +392,20 @@ def backward_kernel_name(dtype_name: str, cfg: BackwardConfig, causal: bool,
     if ordered and not cfg.dq_bulk:
         raise ValueError("ordered dQ additions need the bulk dQ reduction")
     return (f"cuflash::fa2_backward<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
-            f"{'true' if causal else 'false'}, {'true' if ordered else 'false'}>")
+            f"{mask_type(causal)}, {'true' if ordered else 'false'}>")
 
 
 def backward_preprocess_name(dtype_name: str) -> str:
     return f"cuflash::fa2_backward_preprocess<{ELEMENT_TAGS[dtype_name]}>"
 
 
-def backward_dq_name(dtype_name: str, cfg: BackwardConfig) -> str:
-    """The kernel that turns dQ_accum into dQ (its layout depends on cfg.dq_bulk)."""
+def backward_dq_name(dtype_name: str, cfg: BackwardConfig, causal: bool) -> str:
+    """The kernel that turns dQ_accum into dQ (its layout depends on cfg.dq_bulk; the bulk
+    layout's pass also needs the mask: in the ordered mode row blocks no key reaches are
+    never written)."""
     if cfg.dq_bulk:
-        return f"cuflash::fa2_backward_dq_bulk<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}>"
+        return (f"cuflash::fa2_backward_dq_bulk<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
+                f"{mask_type(causal)}>")
     return f"cuflash::fa2_backward_dq<{ELEMENT_TAGS[dtype_name]}>"
 
 
@@ -430,7 +437,7 @@ def _planned(arch: str) -> list[tuple[str, str, object]]:
                     for ordered in (False, True) if cfg.dq_bulk else (False,):
                         specs.append((BACKWARD_FILE,
                                       backward_kernel_name(dtype_name, cfg, causal, ordered), cfg))
-                specs.append((BACKWARD_FILE, backward_dq_name(dtype_name, cfg), cfg))
+                    specs.append((BACKWARD_FILE, backward_dq_name(dtype_name, cfg, causal), cfg))
         for HD in HEAD_DIM_BUCKETS:
             for smem in smems:  # the FA1 plan depends on the GPU's shared memory
                 cfg = fa1_config(HD, smem)

@@ -29,9 +29,9 @@ import numpy as np
 
 __all__ = ["attention_naive", "attention_naive_same_dtype", "attention_fa2_tiled",
            "attention_backward_naive", "attention_backward_naive_same_dtype",
-           "attention_backward_fa2_tiled", "attention_fa1_tiled", "row_blocks",
-           "block_needs_mask", "column_blocks", "visible_limit",
-           "causal_mask", "ColumnBlocks"]
+           "attention_backward_fa2_tiled", "attention_fa1_tiled", "SeqInfo", "seq_info",
+           "Mask", "row_blocks", "block_needs_mask", "column_blocks", "causal_mask",
+           "ColumnBlocks"]
 
 
 def _xp(x):
@@ -51,20 +51,72 @@ def _heads_to_front(x, nheads):
     return xp.repeat(x, group, axis=1) if group > 1 else x
 
 
-def visible_limit(row, seqlen_q, seqlen_k, causal):
-    """The last key column query `row` may see (< 0: none). Mirrors block_range.cuh."""
-    limit = seqlen_k - 1
-    if causal:
-        limit = np.minimum(limit, row + seqlen_k - seqlen_q)
-    return limit
+# ---------------------------------------------------------------------------------------------
+# The pieces the kernels are built from, mirrored: sequence info (seqinfo.cuh), the mask
+# (mask.cuh) and the block ranges (block_range.cuh). A new mask is modelled and tested here
+# first.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SeqInfo:
+    """Where one batch entry's rows are (mirrors kernels/seqinfo.cuh): every entry of a
+    fixed-length batch has seqlen_q query rows and seqlen_k key rows at batch * stride_b."""
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+
+    def q_offset(self, stride_b: int, stride_s: int) -> int:
+        return self.batch * stride_b
+
+    def k_offset(self, stride_b: int, stride_s: int) -> int:
+        return self.batch * stride_b
+
+    def row_vector(self, head: int, nheads: int) -> int:
+        """Offset of (entry, head, row 0) in a (batch, heads, seqlen_q) row vector (L, D)."""
+        return (self.batch * nheads + head) * self.seqlen_q
+
+
+def seq_info(batch: int, seqlen_q: int, seqlen_k: int) -> SeqInfo:
+    return SeqInfo(batch, seqlen_q, seqlen_k)
+
+
+@dataclass(frozen=True)
+class Mask:
+    """Which keys each query row sees (mirrors kernels/mask.cuh): keys(row) = [lo, hi].
+    Causal masks are aligned bottom-right: row i sees key j iff j <= i + seqlen_k - seqlen_q;
+    when seqlen_q > seqlen_k the first rows see nothing (O = 0, L = -inf)."""
+    seqlen_q: int
+    seqlen_k: int
+    causal: bool = False
+    LOCAL = False  # (a lower key limit: reserved for sliding windows)
+
+    def keys(self, row):
+        """(lo, hi) of query row(s) `row` (NumPy arrays broadcast); none when hi < lo."""
+        hi = np.full(np.shape(row), self.seqlen_k - 1)
+        if self.causal:
+            hi = np.minimum(hi, np.asarray(row) + self.seqlen_k - self.seqlen_q)
+        lo = np.zeros(np.shape(row), dtype=int)
+        return (lo, hi) if np.ndim(row) else (int(lo), int(hi))
+
+    def first_row(self, col_lo: int) -> int:
+        """The first query row that sees a key in [col_lo, ...]."""
+        return max(0, col_lo - (self.seqlen_k - self.seqlen_q)) if self.causal else 0
+
+    def last_row(self, col_hi: int) -> int:
+        """The last query row that sees a key in [..., col_hi]."""
+        return self.seqlen_q - 1
+
+    def visible(self, xp=np):
+        """Boolean (seqlen_q, seqlen_k): True where key j is visible from query i."""
+        rows = np.arange(self.seqlen_q)
+        lo, hi = self.keys(rows)
+        cols = np.arange(self.seqlen_k)[None, :]
+        return xp.asarray((cols >= lo[:, None]) & (cols <= hi[:, None]))
 
 
 def causal_mask(seqlen_q, seqlen_k, causal, xp=np):
     """Boolean (seqlen_q, seqlen_k): True where key j is visible from query i."""
-    rows = xp.arange(seqlen_q)[:, None]
-    cols = xp.arange(seqlen_k)[None, :]
-    return xp.broadcast_to(cols <= visible_limit(rows, seqlen_q, seqlen_k, causal),
-                           (seqlen_q, seqlen_k))
+    return Mask(seqlen_q, seqlen_k, causal).visible(xp)
 
 
 def attention_naive(q, k, v, causal=False, softmax_scale=None):
@@ -119,22 +171,30 @@ def attention_naive_same_dtype(q, k, v, causal=False, softmax_scale=None):
 
 @dataclass(frozen=True)
 class ColumnBlocks:
-    begin: int          # first column block visited
-    masked_begin: int   # [begin, masked_begin): no element mask; [masked_begin, end): masked
-    end: int            # one past the last column block visited
+    begin: int           # first column block visited
+    unmasked_begin: int  # [begin, unmasked_begin): masked on the left (a lower key limit)
+    masked_begin: int    # [unmasked_begin, masked_begin): no mask; [masked_begin, end): masked
+    end: int             # one past the last column block visited
 
 
-def column_blocks(row_block, B_r, B_c, seqlen_q, seqlen_k, causal) -> ColumnBlocks:
-    """Which column blocks row block `row_block` visits. Mirrors block_range.cuh line by line."""
+def _cdiv_floor(a: int, b: int) -> int:
+    """a / b rounded toward zero, as C's integer division (a may be negative)."""
+    return int(a / b) if a < 0 else a // b
+
+
+def column_blocks(mask: Mask, row_block: int, B_r: int, B_c: int) -> ColumnBlocks:
+    """Which column blocks row block `row_block` visits, in three phases. Mirrors
+    block_range.cuh line by line."""
     first_row = row_block * B_r
-    last_row = min(first_row + B_r, seqlen_q) - 1
-    last_any = int(visible_limit(last_row, seqlen_q, seqlen_k, causal))
-    last_all = int(visible_limit(first_row, seqlen_q, seqlen_k, causal))
-    begin = 0
-    end = 0 if last_any < 0 else last_any // B_c + 1
-    masked_begin = 0 if last_all + 1 < 0 else (last_all + 1) // B_c
-    masked_begin = max(begin, min(masked_begin, end))
-    return ColumnBlocks(begin, masked_begin, end)
+    last_row = min(first_row + B_r, mask.seqlen_q) - 1
+    first, last = mask.keys(first_row), mask.keys(last_row)
+    begin = max(first[0], 0) // B_c if mask.LOCAL else 0
+    end = 0 if last[1] < 0 else last[1] // B_c + 1
+    end = max(begin, end)
+    unmasked_begin = min(end, max(begin, -(-last[0] // B_c))) if mask.LOCAL else begin
+    masked_begin = 0 if first[1] + 1 < 0 else (first[1] + 1) // B_c
+    masked_begin = max(unmasked_begin, min(masked_begin, end))
+    return ColumnBlocks(begin, unmasked_begin, masked_begin, end)
 
 
 def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=64,
@@ -153,7 +213,8 @@ def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
     seqlen_k = k.shape[1]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     Q, K, V = (_heads_to_front(x, nheads) for x in (q, k, v))
-    visible = causal_mask(seqlen_q, seqlen_k, causal)
+    mask = Mask(seqlen_q, seqlen_k, causal)
+    visible = mask.visible()
     O = np.zeros((batch, nheads, seqlen_q, d))
     L = np.zeros((batch, nheads, seqlen_q))
     T_r = -(-seqlen_q // B_r)
@@ -164,17 +225,18 @@ def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
         m_i = np.full(Q_i.shape[:-1], -np.inf)             # running rowmax of S (unscaled)
         l_i = np.zeros(Q_i.shape[:-1])                     # running rowsum of P~
         O_i = np.zeros(Q_i.shape)                          # O~_i, unscaled
-        cb = column_blocks(i, B_r, B_c, seqlen_q, seqlen_k, causal)
+        cb = column_blocks(mask, i, B_r, B_c)
         for j in range(T_c):
             cols = slice(j * B_c, min((j + 1) * B_c, seqlen_k))
             block_visible = visible[rows, cols]
             if not cb.begin <= j < cb.end:
                 assert not block_visible.any(), f"skipped block ({i}, {j}) has visible keys"
                 continue
-            if j < cb.masked_begin:
+            whole = cb.unmasked_begin <= j < cb.masked_begin
+            if whole:
                 assert block_visible.all(), f"unmasked block ({i}, {j}) has masked keys"
             S_ij = Q_i @ K[:, :, cols].transpose(0, 1, 3, 2)          # S_ij = Q_i K_j^T
-            if j >= cb.masked_begin:
+            if not whole:
                 S_ij = np.where(block_visible, S_ij, -np.inf)
             m_new = np.maximum(m_i, S_ij.max(axis=-1))                # m_new = max(m, rowmax S)
             if rescale_log2 is not None:                              # lazy: keep m unless
@@ -272,21 +334,22 @@ def attention_backward_naive_same_dtype(dout, q, k, v, causal=False, softmax_sca
             _group_sum(xp, dV, nheads_k).astype(dt))
 
 
-def row_blocks(col_block, B_r, B_c, seqlen_q, seqlen_k, causal):
+def row_blocks(mask: Mask, col_block: int, B_r: int, B_c: int):
     """(begin, end): the row blocks that see column block `col_block`. Mirrors
     block_range.cuh's row_blocks."""
-    end = -(-seqlen_q // B_r)
-    begin = 0
-    if causal:
-        first_row = max(0, col_block * B_c - (seqlen_k - seqlen_q))
-        begin = min(end, first_row // B_r)
+    end = -(-mask.seqlen_q // B_r)
+    if mask.LOCAL:
+        end = min(end, _cdiv_floor(mask.last_row(col_block * B_c + B_c - 1), B_r) + 1)
+    begin = min(end, mask.first_row(col_block * B_c) // B_r)
     return begin, end
 
 
-def block_needs_mask(row_block, col_block, B_r, B_c, seqlen_q, seqlen_k, causal):
+def block_needs_mask(mask: Mask, row_block: int, col_block: int, B_r: int, B_c: int) -> bool:
     """Mirrors block_range.cuh's block_needs_mask."""
-    last_col = (col_block + 1) * B_c - 1
-    return last_col > int(visible_limit(row_block * B_r, seqlen_q, seqlen_k, causal))
+    first_col = col_block * B_c
+    last_col = first_col + B_c - 1
+    return bool(last_col > mask.keys(row_block * B_r)[1] or
+                (mask.LOCAL and first_col < mask.keys(row_block * B_r + B_r - 1)[0]))
 
 
 def attention_backward_fa2_tiled(dout, q, k, v, out, lse, causal=False, softmax_scale=None,
@@ -301,7 +364,8 @@ def attention_backward_fa2_tiled(dout, q, k, v, out, lse, causal=False, softmax_
     Q, K, V, dO, O = (_heads_to_front(x, nheads) for x in (q, k, v, dout, out))
     L = np.asarray(lse, dtype=np.float64)                             # (b, h, N_q)
     D = (dO * O).sum(axis=-1)                                         # D = rowsum(dO ∘ O)
-    visible = causal_mask(seqlen_q, seqlen_k, causal)
+    mask = Mask(seqlen_q, seqlen_k, causal)
+    visible = mask.visible()
     dQ = np.zeros(Q.shape)
     dK = np.zeros(K.shape)
     dV = np.zeros(V.shape)
@@ -310,14 +374,14 @@ def attention_backward_fa2_tiled(dout, q, k, v, out, lse, causal=False, softmax_
         cols = slice(j * B_c, min((j + 1) * B_c, seqlen_k))
         K_j, V_j = K[:, :, cols], V[:, :, cols]
         dK_j, dV_j = np.zeros(K_j.shape), np.zeros(V_j.shape)
-        begin, end = row_blocks(j, B_r, B_c, seqlen_q, seqlen_k, causal)
+        begin, end = row_blocks(mask, j, B_r, B_c)
         for i in range(T_r):
             rows = slice(i * B_r, min((i + 1) * B_r, seqlen_q))
             block_visible = visible[rows, cols]
             if not begin <= i < end:
                 assert not block_visible.any(), f"skipped block ({i}, {j}) has visible keys"
                 continue
-            masked = block_needs_mask(i, j, B_r, B_c, seqlen_q, seqlen_k, causal)
+            masked = block_needs_mask(mask, i, j, B_r, B_c)
             if not masked:
                 assert block_visible.all(), f"unmasked block ({i}, {j}) has masked keys"
             S_ij = Q[:, :, rows] @ K_j.transpose(0, 1, 3, 2)          # S_ij = Q_i K_j^T
@@ -348,18 +412,19 @@ def attention_fa1_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
     seqlen_k = k.shape[1]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     Q, K, V = (_heads_to_front(x, nheads) for x in (q, k, v))
-    visible = causal_mask(seqlen_q, seqlen_k, causal)
+    mask = Mask(seqlen_q, seqlen_k, causal)
+    visible = mask.visible()
     O = np.zeros((batch, nheads, seqlen_q, d))          # O = 0 in HBM
     l = np.zeros((batch, nheads, seqlen_q))             # l = 0
     m = np.full((batch, nheads, seqlen_q), -np.inf)     # m = -inf
     for j in range(-(-seqlen_k // B_c)):                # outer loop: K_j, V_j on chip
         cols = slice(j * B_c, min((j + 1) * B_c, seqlen_k))
         K_j, V_j = K[:, :, cols], V[:, :, cols]
-        begin, end = row_blocks(j, B_r, B_c, seqlen_q, seqlen_k, causal)
+        begin, end = row_blocks(mask, j, B_r, B_c)
         for i in range(begin, end):                     # inner loop: Q_i, O_i, l_i, m_i
             rows = slice(i * B_r, min((i + 1) * B_r, seqlen_q))
             S_ij = scale * (Q[:, :, rows] @ K_j.transpose(0, 1, 3, 2))      # S_ij = Q_i K_j^T
-            if block_needs_mask(i, j, B_r, B_c, seqlen_q, seqlen_k, causal):
+            if block_needs_mask(mask, i, j, B_r, B_c):
                 S_ij = np.where(visible[rows, cols], S_ij, -np.inf)
             m_t = S_ij.max(axis=-1)                                        # m~ = rowmax(S)
             m_t_safe = np.where(np.isneginf(m_t), 0.0, m_t)

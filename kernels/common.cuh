@@ -379,6 +379,10 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + shfl_xor(x, 2);
 }
 
+// The sm_90-only helpers below trap on older GPUs instead of compiling to nothing; the kernels
+// reach them only on paths their templates select for sm_90 (fa2_backward.cu static_asserts
+// DQ_BULK == 0 below sm_90).
+//
 // Atomic float add of 4 consecutive floats (16-byte aligned), one vector reduction (sm_90+),
 // done only where `pred` holds. Only the sum is needed, so it is a RED, not an ATOM; the guard
 // is a PTX predicate, so a row-bounds check costs no branch.
@@ -388,6 +392,8 @@ __device__ __forceinline__ void red_add_f32x4(bool pred, float* p, float a, floa
     asm volatile("{ .reg .pred p; setp.ne.b32 p, %0, 0;\n"
                  "@p red.global.add.v4.f32 [%1], {%2, %3, %4, %5}; }"
                  :: "r"((int)pred), "l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+#else
+    __trap();  // sm_90 only: a call on an older GPU must not silently do nothing
 #endif
 }
 // Scalar variant (sm_80+).
@@ -410,6 +416,8 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, un
                  "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [g], [%1], %2;\n"
                  "cp.async.bulk.commit_group; }"
                  :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+#else
+    __trap();  // sm_90 only: a call on an older GPU must not silently do nothing
 #endif
 }
 // global[dst .. dst + bytes) = shared[src .. src + bytes) (a plain bulk copy, same rules).
@@ -419,6 +427,8 @@ __device__ __forceinline__ void bulk_store(float* dst, unsigned src, unsigned by
                  "cp.async.bulk.global.shared::cta.bulk_group [g], [%1], %2;\n"
                  "cp.async.bulk.commit_group; }"
                  :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+#else
+    __trap();  // sm_90 only: a call on an older GPU must not silently do nothing
 #endif
 }
 // Wait until at most PENDING of this thread's bulk operations (the most recent ones) have not
@@ -428,11 +438,15 @@ template <int PENDING>
 __device__ __forceinline__ void bulk_wait_read() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(PENDING) : "memory");
+#else
+    __trap();  // sm_90 only: a call on an older GPU must not silently do nothing
 #endif
 }
 __device__ __forceinline__ void bulk_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#else
+    __trap();  // sm_90 only: a call on an older GPU must not silently do nothing
 #endif
 }
 // Ordered hand-off between thread blocks through a counter in global memory (the
@@ -450,12 +464,16 @@ __device__ __forceinline__ void wait_counter(const int* counter, int value) {
         asm volatile("ld.acquire.gpu.s32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
     } while (seen != value);
     asm volatile("fence.proxy.async.global;" ::: "memory");
+#else
+    __trap();  // sm_90 only: a call on an older GPU must not silently do nothing
 #endif
 }
 __device__ __forceinline__ void set_counter(int* counter, int value) {
 #if __CUDA_ARCH__ >= 900
     asm volatile("fence.proxy.async.global;\n"
                  "st.relaxed.gpu.s32 [%0], %1;" :: "l"(counter), "r"(value) : "memory");
+#else
+    __trap();  // sm_90 only: a call on an older GPU must not silently do nothing
 #endif
 }
 // 16-byte shared-memory store to a 32-bit shared address.
@@ -474,6 +492,8 @@ __device__ __forceinline__ int ld_shared_s32(unsigned addr) {
 __device__ __forceinline__ void fence_proxy_async_shared() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#else
+    __trap();  // sm_90 only: a call on an older GPU must not silently do nothing
 #endif
 }
 

@@ -26,7 +26,10 @@
 // the B_r / 16 warps owns 16 rows of Q_i, O_i, l_i, m_i.
 #include "common.cuh"
 #include "params.cuh"
+#include "seqinfo.cuh"
+#include "mask.cuh"
 #include "block_range.cuh"
+#include "score.cuh"
 
 namespace cuflash {
 
@@ -40,12 +43,12 @@ struct Fa1Tile {
     static_assert(B_r % 16 == 0 && B_c % 16 == 0 && HD % 32 == 0, "tensor-core tiles");
 };
 
-template <typename T, typename Tile, bool CAUSAL>
+template <typename T, typename Tile, typename MaskT>
 __global__ void __launch_bounds__(Tile::NTHREADS, 1)
 fa1_forward(const FwdParams p) {
     constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c;
-    const float softmax_scale = p.softmax_scale, scale_log2 = p.scale_log2;
-    const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, d = p.d;
+    const ScoreScale score(p);  // the score hook (score.cuh): the scale in the exponent
+    const float softmax_scale = score.lse_scale, scale_log2 = score.exp2_scale;
     constexpr int NTHREADS = Tile::NTHREADS;
     constexpr int NT_S = B_c / 8, NT_O = HD / 8;
 
@@ -57,15 +60,18 @@ fa1_forward(const FwdParams p) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int head = blockIdx.x, batch = blockIdx.y, nheads = gridDim.x;
     const int head_k = head / p.group;
+    const SeqInfo seq = seq_info(p, batch);  // this batch entry's rows
+    const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k, d = p.d;
+    const MaskT mask(seqlen_q, seqlen_k);
     const int chunks = d / 8;
     const long long q_stride_s = p.q_stride_s, k_stride_s = p.k_stride_s, v_stride_s = p.v_stride_s;
-    const elem_t* q = p.q + batch * p.q_stride_b + head * p.q_stride_h;
-    const elem_t* k = p.k + batch * p.k_stride_b + head_k * p.k_stride_h;
-    const elem_t* v = p.v + batch * p.v_stride_b + head_k * p.v_stride_h;
-    const long long bh = (long long)batch * nheads + head;
-    float* o_hbm = p.o_accum + bh * seqlen_q * d;  // O, l, m of this (batch, head) in HBM
-    float* l_hbm = p.l_accum + bh * seqlen_q;
-    float* m_hbm = p.m_accum + bh * seqlen_q;
+    const elem_t* q = p.q + seq.q_offset(p.q_stride_b, q_stride_s) + head * p.q_stride_h;
+    const elem_t* k = p.k + seq.k_offset(p.k_stride_b, k_stride_s) + head_k * p.k_stride_h;
+    const elem_t* v = p.v + seq.k_offset(p.v_stride_b, v_stride_s) + head_k * p.v_stride_h;
+    // O, l, m of this (batch, head) in HBM (fa1_finalize reads them back)
+    float* o_hbm = p.o_accum + seq.row_vector(head, nheads) * d;
+    float* l_hbm = p.l_accum + seq.row_vector(head, nheads);
+    float* m_hbm = p.m_accum + seq.row_vector(head, nheads);
 
     const SwizzledReader<HD> readQ(smem_u32(sQ) + warp * 16 * HD * 2, lane_row_rows_first(lane),
                                    lane_chunk_rows_first(lane));
@@ -83,7 +89,7 @@ fa1_forward(const FwdParams p) {
         load_tile_async<B_c, HD, NTHREADS>(sV, v + col0 * v_stride_s, v_stride_s,
                                            seqlen_k - col0, chunks, tid);
         cp_async_commit();
-        const RowBlocks rb = row_blocks<B_r, B_c, CAUSAL>(j, seqlen_q, seqlen_k);
+        const RowBlocks rb = row_blocks<B_r, B_c>(mask, j);
 
         for (int i = rb.begin; i < rb.end; ++i) {  // ---- inner loop: row blocks ------------
             const int row0 = i * B_r;
@@ -104,17 +110,26 @@ fa1_forward(const FwdParams p) {
                 [&](unsigned (&b)[4], int nt2, int kk, int) {
                     ldmatrix_x4(b, readK.at(nt2 * 16, 2 * kk));
                 });
-            if (block_needs_mask<B_r, B_c, CAUSAL>(i, j, seqlen_q, seqlen_k)) {
+            if constexpr (ScoreScale::REWRITES) {  // the score hook (score.cuh)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+#pragma unroll
+                    for (int nt = 0; nt < NT_S; ++nt)
+                        s[nt][e] = score.apply(s[nt][e], row0 + warp * 16 + lane / 4 + (e / 2) * 8,
+                                               col0 + nt * 8 + (lane % 4) * 2 + e % 2);
+            }
+            // S_ij[r, c] = -inf where key c is not visible from query r (mask.cuh)
+            if (block_needs_mask<B_r, B_c>(mask, i, j)) {
 #pragma unroll
                 for (int e2 = 0; e2 < 2; ++e2) {
                     const int row = row0 + warp * 16 + lane / 4 + e2 * 8;
-                    const int limit = visible_limit<CAUSAL>(row, seqlen_q, seqlen_k) - col0 -
-                                      (lane % 4) * 2;
+                    const KeyRange keys = mask.keys(row).from(col0 + (lane % 4) * 2);
 #pragma unroll
                     for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
                         for (int e1 = 0; e1 < 2; ++e1)
-                            if (nt * 8 + e1 > limit) s[nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
+                            if (!MaskT::visible(keys, nt * 8 + e1))
+                                s[nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
                 }
             }
 
@@ -197,14 +212,15 @@ fa1_forward(const FwdParams p) {
 template <typename T>
 __global__ void __launch_bounds__(128)
 fa1_finalize(const FwdParams p) {
-    const int seqlen_q = p.seqlen_q, d = p.d;
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
+    const SeqInfo seq = seq_info(p, batch);
+    const int seqlen_q = seq.seqlen_q, d = p.d;
     const int chunks = d / 8;
     const long long idx = (long long)blockIdx.x * 128 + threadIdx.x;
     if (idx >= (long long)seqlen_q * chunks) return;
     const int row = idx / chunks, c = idx % chunks;
-    const long long bh = (long long)batch * nheads + head;
-    const float* src = p.o_accum + (bh * seqlen_q + row) * d + c * 8;
+    const long long at = seq.row_vector(head, nheads) + row;  // (batch, head, row)
+    const float* src = p.o_accum + at * d + c * 8;
     const Float4 lo = *reinterpret_cast<const Float4*>(src);
     const Float4 hi = *reinterpret_cast<const Float4*>(src + 4);
     Chunk16 packed;
@@ -212,13 +228,12 @@ fa1_finalize(const FwdParams p) {
     packed.y = T::pack(lo.z, lo.w);
     packed.z = T::pack(hi.x, hi.y);
     packed.w = T::pack(hi.z, hi.w);
-    *reinterpret_cast<Chunk16*>(p.o + batch * p.o_stride_b + row * p.o_stride_s +
-                                head * p.o_stride_h + c * 8) = packed;
+    *reinterpret_cast<Chunk16*>(p.o + seq.q_offset(p.o_stride_b, p.o_stride_s) +
+                                row * p.o_stride_s + head * p.o_stride_h + c * 8) = packed;
     if (c == 0) {
-        const float l_row = p.l_accum[bh * seqlen_q + row];
+        const float l_row = p.l_accum[at];
         // l = 0: the row saw no key; a NaN l (NaN in Q or K) gives L = NaN, not -inf
-        p.lse[bh * seqlen_q + row] = l_row == 0.f ? CUFLASH_NEG_INF
-                                                  : p.m_accum[bh * seqlen_q + row] + logf(l_row);
+        p.lse[at] = l_row == 0.f ? CUFLASH_NEG_INF : p.m_accum[at] + logf(l_row);
     }
 }
 

@@ -43,8 +43,10 @@
 //     zeroing), then n_i - 2, ..., 0, where n_i = column_blocks(i).end. A counter per (batch,
 //     head, row block) in dQ_order says whose turn it is: block j waits until it reads its
 //     rank, issues its bulk reduction, and once that has completed (checked half a step later)
-//     sets it to rank + 1. A block only ever waits for a block x - 1, which the GPU started
-//     before it, so it cannot wait for one that has no SM. Causal: grid (T_c, heads, batch);
+//     sets it to rank + 1. A block only ever waits for the block x - 1 of its (batch, head),
+//     where x is a ticket the block takes when it starts (an atomic counter per (batch, head)):
+//     block x - 1 took its ticket first, so it holds an SM and will finish, whatever order the
+//     GPU starts blocks in (CUDA promises none). Causal: grid (T_c, heads, batch);
 //     right to left is also the order in which the blocks reach a row block (column blocks
 //     further right start further down), so they rarely wait. Non-causal: every block starts
 //     at row block 0, so block x would trail block x - 1 by a hand-off at every row block;
@@ -67,7 +69,10 @@
 // DQ_BULK, CAUSAL, ORDERED. cuflash/_plan.py picks them per head dim and GPU.
 #include "common.cuh"
 #include "params.cuh"
+#include "seqinfo.cuh"
+#include "mask.cuh"
 #include "block_range.cuh"
+#include "score.cuh"
 
 namespace cuflash {
 
@@ -81,20 +86,23 @@ __global__ void __launch_bounds__(128)
 fa2_backward_preprocess(const BwdParams p) {
     const int seqlen_q = p.seqlen_q, G = p.lanes;
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
+    const SeqInfo seq = seq_info(p, batch);
     const int row = blockIdx.x * (128 / G) + threadIdx.x / G, c = threadIdx.x % G;
     float acc = 0.f;
     if (row < seqlen_q && c < p.d / 8) {
         const Chunk16 o = *reinterpret_cast<const Chunk16*>(
-            p.o + batch * p.o_stride_b + row * p.o_stride_s + head * p.o_stride_h + c * 8);
+            p.o + seq.q_offset(p.o_stride_b, p.o_stride_s) + row * p.o_stride_s +
+            head * p.o_stride_h + c * 8);
         const Chunk16 g = *reinterpret_cast<const Chunk16*>(
-            p.dout + batch * p.do_stride_b + row * p.do_stride_s + head * p.do_stride_h + c * 8);
+            p.dout + seq.q_offset(p.do_stride_b, p.do_stride_s) + row * p.do_stride_s +
+            head * p.do_stride_h + c * 8);
         const elem_t* oe = reinterpret_cast<const elem_t*>(&o);
         const elem_t* ge = reinterpret_cast<const elem_t*>(&g);
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc = fmaf(T::to_float(oe[e]), T::to_float(ge[e]), acc);
     }
     for (int offset = G / 2; offset > 0; offset /= 2) acc += shfl_xor(acc, offset);
-    if (c == 0 && row < seqlen_q) p.dsum[((long long)batch * nheads + head) * seqlen_q + row] = acc;
+    if (c == 0 && row < seqlen_q) p.dsum[seq.row_vector(head, nheads) + row] = acc;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -202,9 +210,11 @@ struct BackwardTile {
 // registers. dK, dV: with head_parts == 1, in the input dtype (batch, seqlen_k, heads_k, d);
 // with head_parts > 1 (used where one part per kv head would leave SMs idle), float32 slices
 // (head_parts, batch, seqlen_k, heads_k, d), contiguous, which the caller sums.
-template <typename T, typename Tile, bool CAUSAL, bool ORDERED>
+template <typename T, typename Tile, typename MaskT, bool ORDERED>
 __global__ void __launch_bounds__(Tile::NTHREADS, 1)
 fa2_backward(const BwdParams p) {
+    constexpr bool CAUSAL = MaskT::CAUSAL;
+    using Score = ScoreScale;
     constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c;
     constexpr int WM_SDP = Tile::WM_SDP, WM_DKV = Tile::WM_DKV, WM_DQ = Tile::WM_DQ;
     constexpr int QSTAGES = Tile::QSTAGES, DQ_BULK = Tile::DQ_BULK;
@@ -227,7 +237,7 @@ fa2_backward(const BwdParams p) {
                     do_stride_h = p.do_stride_h;
     const long long dk_stride_b = p.dk_stride_b, dk_stride_s = p.dk_stride_s,
                     dk_stride_h = p.dk_stride_h;
-    const float softmax_scale = p.softmax_scale, scale_log2 = p.scale_log2;
+    const float softmax_scale = p.softmax_scale;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     static_assert(DQ_BULK == 0, "DQ_BULK needs sm_90 or newer (cp.reduce.async.bulk)");
 #endif
@@ -263,6 +273,7 @@ fa2_backward(const BwdParams p) {
     const int batch = by_head ? blockIdx.y : blockIdx.z, nbatch = by_head ? gridDim.y : gridDim.z;
     // The query head whose row blocks are being visited (the loop over heads below).
     int head = 0;
+    const Score score(p);  // the score hook (score.cuh): the scale in the exponent
     const int chunks = d / 8;
     const int T_c = (seqlen_k + B_c - 1) / B_c;
 
@@ -301,16 +312,19 @@ fa2_backward(const BwdParams p) {
         const long long h = OPQ ? opaque(head) : head;
         if (parts & ROW_QLD)
             load_tile_async<B_r, PITCH, NTHREADS>(
-                sQ + buf * B_r * PITCH, Q + b * q_stride_b + h * q_stride_h + row0 * q_stride_s,
+                sQ + buf * B_r * PITCH,
+                Q + seq_info(p, b).q_offset(q_stride_b, q_stride_s) + h * q_stride_h +
+                    row0 * q_stride_s,
                 q_stride_s, seqlen_q - row0, chunks, t);
         if (parts & ROW_DO)
             load_tile_async<B_r, PITCH, NTHREADS>(
                 sdO + buf * B_r * PITCH,
-                dO + b * do_stride_b + h * do_stride_h + row0 * do_stride_s, do_stride_s,
+                dO + seq_info(p, b).q_offset(do_stride_b, do_stride_s) + h * do_stride_h +
+                    row0 * do_stride_s, do_stride_s,
                 seqlen_q - row0, chunks, t);
         if ((parts & ROW_QLD) && t < B_r) {
             const bool valid = row0 + t < seqlen_q;
-            const long long at = (b * nheads + h) * seqlen_q + (valid ? row0 + t : 0);
+            const long long at = seq_info(p, b).row_vector(h, nheads) + (valid ? row0 + t : 0);
             cp_async_4(smem_u32(sL + buf * B_r + t), L + at, valid);
             cp_async_4(smem_u32(sD + buf * B_r + t), Dsum + at, valid);
         }
@@ -329,7 +343,7 @@ fa2_backward(const BwdParams p) {
         return ((long long)batch * nheads + head) * ((seqlen_q + B_r - 1) / B_r) + i;
     };
     auto dq_rank = [&](int i, int j) {  // column block j's turn among those that see row block i
-        return column_blocks<B_r, B_c, CAUSAL>(i, seqlen_q, seqlen_k).end - 1 - j;
+        return column_blocks<B_r, B_c>(MaskT(seqlen_q, seqlen_k), i).end - 1 - j;
     };
     auto await_turn = [&](int i, int j) {
         if (ORDERED && tid == 0)
@@ -368,15 +382,35 @@ fa2_backward(const BwdParams p) {
         // j + the distance to this block's place in the next round
         return j + (int)(round & 1 ? 2 * x + 1 : 2 * (splits - x) - 1);
     };
-    for (int j = !ORDERED ? (int)blockIdx.x : T_c - 1 - (int)(by_head ? blockIdx.z : blockIdx.x);
+    // ORDERED: this block's place x among the column blocks of its (batch, head part) is not
+    // its block index but a ticket taken at start: CUDA does not promise that blocks start in
+    // index order, and a block waits only for the one with ticket x - 1 of its group, which
+    // has started (it took its ticket) and so holds an SM and will finish. The counters, one
+    // per (batch, head part), follow dQ_order's (batch, heads, T_r) turn counters, zeroed
+    // with them.
+    int x = by_head ? blockIdx.z : blockIdx.x;
+    if constexpr (ORDERED) {
+        __shared__ int s_ticket;
+        if (tid == 0) {
+            // (batch, head part) of this block, flattened: the grid's two other dimensions
+            const int group_of_block = by_head ? blockIdx.y * gridDim.x + blockIdx.x
+                                               : blockIdx.z * gridDim.y + blockIdx.y;
+            int* tickets = dQ_order + (long long)nbatch * nheads * ((seqlen_q + B_r - 1) / B_r);
+            s_ticket = atomicAdd(tickets + group_of_block, 1);
+        }
+        __syncthreads();
+        x = ld_shared_s32(smem_u32(&s_ticket));
+    }
+    for (int j = !ORDERED ? x : T_c - 1 - x;
          j < (CAUSAL ? T_c : (opaque(seqlen_k) + B_c - 1) / B_c); j = next_column(j)) {
         const int col0 = j * B_c;  // first key of K_j
         // The row blocks that see column block j (OPAQUE_ROWS tiles recompute the range where
         // it is used rather than hold it in two registers).
-        const RowBlocks rb_j = row_blocks<B_r, B_c, CAUSAL>(j, seqlen_q, seqlen_k);
+        const RowBlocks rb_j = row_blocks<B_r, B_c>(MaskT(seqlen_q, seqlen_k), j);
         auto rb = [&] {
-            return OPAQUE_ROWS ? row_blocks<B_r, B_c, CAUSAL>(opaque(j), opaque(seqlen_q),
-                                                              opaque(seqlen_k)) : rb_j;
+            return OPAQUE_ROWS ? row_blocks<B_r, B_c>(MaskT(opaque(seqlen_q), opaque(seqlen_k)),
+                                                      opaque(j))
+                               : rb_j;
         };
 
         float dk[KV_MT][KV_NT][4], dv[KV_MT][KV_NT][4];  // dK_j, dV_j: this warp's tile
@@ -394,10 +428,12 @@ fa2_backward(const BwdParams p) {
             // K_j, V_j and the first row block in one cp.async group.
             const long long b = opaque(batch), hk = opaque(grid_head) / head_parts;
             load_tile_async<B_c, PITCH, NTHREADS>(
-                sK, K + b * k_stride_b + hk * k_stride_h + col0 * k_stride_s, k_stride_s,
+                sK, K + seq_info(p, b).k_offset(k_stride_b, k_stride_s) + hk * k_stride_h +
+                        col0 * k_stride_s, k_stride_s,
                 seqlen_k - col0, chunks, opaque(tid));
             load_tile_async<B_c, PITCH, NTHREADS>(
-                sV, V + b * v_stride_b + hk * v_stride_h + col0 * v_stride_s, v_stride_s,
+                sV, V + seq_info(p, b).k_offset(v_stride_b, v_stride_s) + hk * v_stride_h +
+                        col0 * v_stride_s, v_stride_s,
                 seqlen_k - col0, chunks, opaque(tid));
             load_row_block(rb().begin, 0, ROW_ALL);
             cp_async_commit();
@@ -453,18 +489,21 @@ fa2_backward(const BwdParams p) {
                 for (int e2 = 0; e2 < 2; ++e2) {
                     const int r = r_lane + mt * 16 + e2 * 8;  // row within the block
                     const float l2 = sL[buf * B_r + r] * LOG2E;
-                    // visible keys of row r within this warp's keys, from its first column
-                    const int limit = visible_limit<CAUSAL>(row0 + r, seqlen_q, seqlen_k) -
-                                      col0 - s_n * Tile::S_NW - (lane_id() % 4) * 2;
+                    // the keys row r sees (mask.cuh), counted from this lane's first column
+                    const int lane_col = col0 + s_n * Tile::S_NW + (lane_id() % 4) * 2;
+                    const KeyRange keys = MaskT(seqlen_q, seqlen_k).keys(row0 + r).from(lane_col);
 #pragma unroll
                     for (int nt = 0; nt < S_NT; ++nt) {
-                        float p[2];
+                        float pe[2];  // P_ij at columns lane_col + nt * 8 + e1
 #pragma unroll
                         for (int e1 = 0; e1 < 2; ++e1) {
-                            p[e1] = exp2_approx(fmaf(acc[mt][nt][e2 * 2 + e1], scale_log2, -l2));
-                            if (MASK && nt * 8 + e1 > limit) p[e1] = 0.f;
+                            float s = acc[mt][nt][e2 * 2 + e1];
+                            if constexpr (Score::REWRITES)  // the score hook (score.cuh)
+                                s = score.apply(s, row0 + r, lane_col + nt * 8 + e1);
+                            pe[e1] = exp2_approx(fmaf(s, score.exp2_scale, -l2));
+                            if (MASK && !MaskT::visible(keys, nt * 8 + e1)) pe[e1] = 0.f;
                         }
-                        const unsigned packed = T::pack(p[0], p[1]);
+                        const unsigned packed = T::pack(pe[0], pe[1]);
                         pk[mt][e2][nt] = packed;
                         *reinterpret_cast<unsigned*>(sP + st_offset(mt, e2, nt)) = packed;
                     }
@@ -481,10 +520,10 @@ fa2_backward(const BwdParams p) {
                     const float D_r = sD[buf * B_r + r_lane + mt * 16 + e2 * 8];
 #pragma unroll
                     for (int nt = 0; nt < S_NT; ++nt) {
-                        float p[2];
-                        T::unpack(pk[mt][e2][nt], p[0], p[1]);
-                        const float ds0 = p[0] * (acc[mt][nt][e2 * 2] - D_r);
-                        const float ds1 = p[1] * (acc[mt][nt][e2 * 2 + 1] - D_r);
+                        float pe[2];
+                        T::unpack(pk[mt][e2][nt], pe[0], pe[1]);
+                        const float ds0 = pe[0] * (acc[mt][nt][e2 * 2] - D_r);
+                        const float ds1 = pe[1] * (acc[mt][nt][e2 * 2 + 1] - D_r);
                         *reinterpret_cast<unsigned*>(sdS + st_offset(mt, e2, nt)) =
                             T::pack(ds0, ds1);
                     }
@@ -642,8 +681,8 @@ fa2_backward(const BwdParams p) {
                     load_row_block(i + 1, buf ^ 1, ROW_QLD);
                     cp_async_commit();
                 }
-                if (block_needs_mask<B_r, B_c, CAUSAL>(i, j, rows_opaque(seqlen_q),
-                                                       rows_opaque(seqlen_k)) ||
+                if (block_needs_mask<B_r, B_c>(MaskT(rows_opaque(seqlen_q), rows_opaque(seqlen_k)),
+                                               i, j) ||
                     (i + 1) * B_r > seqlen_q)
                     step(i, buf, Bool<true>{});
                 else
@@ -670,7 +709,8 @@ fa2_backward(const BwdParams p) {
         for (int e2 = 0; e2 < 2; ++e2) {
             const int key = col0 + kv_m_e * Tile::KV_MW + mt * 16 + l_e / 4 + e2 * 8;
             if (key >= seqlen_k) continue;
-            const long long base = opaque(batch) * dk_stride_b + key * dk_stride_s +
+            const long long base = seq_info(p, opaque(batch)).k_offset(dk_stride_b, dk_stride_s) +
+                                   key * dk_stride_s +
                                    out_head * dk_stride_h + kv_n_e * Tile::KV_NW + (l_e % 4) * 2;
 #pragma unroll
             for (int nt = 0; nt < KV_NT; ++nt) {
@@ -729,15 +769,15 @@ fa2_backward_dq(const BwdParams p) {
 #pragma unroll
     for (int e = 0; e < 4; ++e)
         packed[e] = T::pack(acc[2 * e] * softmax_scale, acc[2 * e + 1] * softmax_scale);
-    *reinterpret_cast<Chunk16*>(p.dq + batch * p.dq_stride_b + row * p.dq_stride_s +
-                                head * p.dq_stride_h + c * 8) = out;
+    *reinterpret_cast<Chunk16*>(p.dq + seq_info(p, batch).q_offset(p.dq_stride_b, p.dq_stride_s) +
+                                row * p.dq_stride_s + head * p.dq_stride_h + c * 8) = out;
 }
 
 // The same, for dQ_accum in fragment order (fa2_backward with DQ_BULK; the tile parameters
 // must match). One thread per 4 floats of a fragment (rows g and g + 8, two columns), read
 // grid (ceil(T_r * B_r * HD / 4 / 128), heads, batch). Deterministic mode (p.deterministic
 // = 1; dQ_accum not zeroed): row block i was written iff some column block sees it (n_i > 0).
-template <typename T, typename Tile>
+template <typename T, typename Tile, typename MaskT>
 __global__ void __launch_bounds__(128)
 fa2_backward_dq_bulk(const BwdParams p) {
     constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, WM_DQ = Tile::WM_DQ;
@@ -762,12 +802,13 @@ fa2_backward_dq_bulk(const BwdParams p) {
     const int col = (warp / WM_DQ) * Tile::Q_NW + (pass * Tile::DQ_PASS + nt) * 8 + (lane % 4) * 2;
     if (col >= d) return;  // the zero padding of the head dim
     const float* src = p.dq_accum + ((long long)batch * nheads + head) * T_r * FRAGS * 4 + f * 4;
-    // (non-causal: every column block sees every row block)
-    const bool written = !p.deterministic || !p.causal ||
-                         column_blocks<B_r, B_c, true>(i, seqlen_q, seqlen_k).end > 0;
+    // (without a mask that hides keys from whole row blocks, every row block is written)
+    const bool written = !p.deterministic || !MaskT::CAUSAL ||
+                         column_blocks<B_r, B_c>(MaskT(seqlen_q, seqlen_k), i).end > 0;
     const Float4 v = written ? *reinterpret_cast<const Float4*>(src) : Float4{0.f, 0.f, 0.f, 0.f};
     const float acc[4] = {v.x, v.y, v.z, v.w};
-    elem_t* out = p.dq + batch * p.dq_stride_b + head * p.dq_stride_h + col;
+    elem_t* out = p.dq + seq_info(p, batch).q_offset(p.dq_stride_b, p.dq_stride_s) +
+                  head * p.dq_stride_h + col;
 #pragma unroll
     for (int e2 = 0; e2 < 2; ++e2)  // rows g and g + 8
         if (row + 8 * e2 < seqlen_q)

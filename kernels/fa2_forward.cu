@@ -13,6 +13,11 @@
 //   and at the end  O_i = diag(l_i)^-1 O~_i,  L_i = m_i + log(l_i)  (written to HBM once).
 //   (LEAN tiles keep m_i until m_new passes it by more than 2^8 in P~: LAZY_RESCALE.)
 //
+// The pieces it is built from, each in its own header: the rows of a batch entry (seqinfo.cuh),
+// which keys a row sees (mask.cuh) and which column blocks a row block visits in which phase
+// (block_range.cuh), the score hook applied to S (score.cuh) and the online softmax
+// (softmax.cuh). The inner loop is the lambda `step`, under "the FA2 inner loop" below.
+//
 // Work split inside a block (FlashAttention-2's "split Q"): each of the NWARPS warps owns
 // B_r / NWARPS rows of Q_i and reads all of K_j, V_j, so the softmax statistics of a row never
 // leave its warp: no shared-memory exchange between warps in the inner loop.
@@ -29,11 +34,15 @@
 //   HD       32, 64, ..., 256                 head-dim bucket; the real d (multiple of 8, <= HD)
 //                                            is zero-padded inside shared memory
 //   Tile = ForwardTile<HD, B_r, B_c, NWARPS, KV_STAGES>: tile shape and K/V buffers
-//   CAUSAL                                   bottom-right aligned causal mask, blocks fully
-//                                            above the diagonal skipped (block_range.cuh)
+//   MaskT = Mask<CAUSAL>                     which keys each row sees (mask.cuh); causal blocks
+//                                            fully above the diagonal are skipped
 #include "common.cuh"
 #include "params.cuh"
+#include "seqinfo.cuh"
+#include "mask.cuh"
 #include "block_range.cuh"
+#include "score.cuh"
+#include "softmax.cuh"
 
 namespace cuflash {
 
@@ -52,8 +61,8 @@ struct ForwardTile {
     static constexpr int KS_QK = HD / 16;           // k16 steps of Q_i K_j^T
     static constexpr int KS_PV = B_c / 16;         // k16 steps of P~_ij V_j
     // Where the O~_i and S_ij accumulators take 192 of the 255 registers or more (d = 128 at
-    // 32 rows per warp), the row sums and the loop bounds leave the registers (see l_own and
-    // s_bounds in the kernel). Only there: elsewhere the extra shuffles and shared-memory loads
+    // 32 rows per warp), the row sums and the loop bounds leave the registers (the softmax's
+    // l_own, softmax.cuh, and s_bounds in the kernel). Only there: elsewhere the extra shuffles and shared-memory loads
     // cost 5-10% (measured at d 32-96).
     static constexpr bool LEAN = MT * (NT_O + NT_S) * 4 >= 192;
     // LEAN tiles also (each measured on the H200 d 128 tile, two K/V stages, against FA2:
@@ -69,7 +78,7 @@ struct ForwardTile {
     static constexpr bool REBUILD = MT > 1;
     // (cuflash/_plan.py's ForwardConfig mirrors LEAN and REBUILD; the compile check asserts
     // they agree.)
-    static constexpr float RESCALE_LOG2 = 8.f;
+    static constexpr int RESCALE_LOG2 = 8;
     static constexpr bool SPLIT_V0 = LEAN && KV_STAGES == 2;
     // Shared memory, in bytes: Q_i (B_r x HD), KV_STAGES x (K_j, V_j) (B_c x HD each), 16-bit.
     // (cuflash/_plan.py's ForwardConfig.smem_bytes; the compile check asserts they agree.)
@@ -99,25 +108,15 @@ struct ForwardTile {
 // Q, K, V: (batch, seqlen, heads, d) with arbitrary strides in elements (the last dim is
 // contiguous); q head h reads kv head h / group (MQA/GQA). O has Q's shape (its own strides);
 // L is float32 (batch, heads, seqlen_q), contiguous.
-template <typename T, typename Tile, bool CAUSAL>
-__global__ void __launch_bounds__(Tile::NTHREADS, Tile::min_blocks(CAUSAL))
+template <typename T, typename Tile, typename MaskT>
+__global__ void __launch_bounds__(Tile::NTHREADS, Tile::min_blocks(MaskT::CAUSAL))
 fa2_forward(const FwdParams p) {
-    constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, NWARPS = Tile::NWARPS;
+    constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c;
     constexpr int KV_STAGES = Tile::KV_STAGES;
-    const elem_t* __restrict__ Q = p.q;
-    const elem_t* __restrict__ K = p.k;
-    const elem_t* __restrict__ V = p.v;
-    elem_t* __restrict__ O = p.o;
-    float* __restrict__ L = p.lse;
-    const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, d = p.d, group = p.group;
-    const long long q_stride_b = p.q_stride_b, q_stride_s = p.q_stride_s, q_stride_h = p.q_stride_h;
-    const long long k_stride_b = p.k_stride_b, k_stride_s = p.k_stride_s, k_stride_h = p.k_stride_h;
-    const long long v_stride_b = p.v_stride_b, v_stride_s = p.v_stride_s, v_stride_h = p.v_stride_h;
-    const long long o_stride_b = p.o_stride_b, o_stride_s = p.o_stride_s, o_stride_h = p.o_stride_h;
-    const float softmax_scale = p.softmax_scale, scale_log2 = p.scale_log2;
     constexpr int NTHREADS = Tile::NTHREADS, RPW = Tile::ROWS_PER_WARP, MT = Tile::MT;
     constexpr int NT_S = Tile::NT_S, NT_O = Tile::NT_O;
     constexpr bool LEAN = Tile::LEAN;
+    using Score = ScoreScale;
 
     // One dynamic shared buffer carved into the three tiles.
     extern __shared__ __attribute__((aligned(128))) elem_t smem[];
@@ -143,27 +142,38 @@ fa2_forward(const FwdParams p) {
                                   lane_chunk_chunks_first(l));
     };
     // Causal row blocks near the bottom visit the most column blocks: launch them first.
-    const int row_block = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int row_block = MaskT::CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
-    const int head_k = head / group;
+    const int head_k = head / p.group;
+    const SeqInfo seq = seq_info(p, batch);  // this batch entry's rows
+    const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
+    const MaskT mask(seqlen_q, seqlen_k);
+    const Score score(p);
     const int row0 = row_block * B_r;  // first query row of Q_i
-    const int chunks = d / 8;          // 16-byte chunks of real data per row
+    const int chunks = p.d / 8;        // 16-byte chunks of real data per row
 
-    const elem_t* q = Q + batch * q_stride_b + row0 * q_stride_s + head * q_stride_h;
+    const elem_t* q = p.q + seq.q_offset(p.q_stride_b, p.q_stride_s) + row0 * p.q_stride_s +
+                      head * p.q_stride_h;
     // K_j, V_j: HBM -> shared (cp.async; caller commits). At 32 rows per warp the pointers are
     // rebuilt per call from the kernel arguments rather than held in registers.
     auto load_kv = [&](elem_t* dst, const elem_t* base, long long stride_b, long long stride_h,
                        long long stride_s, int col0) {
-        const long long b = Tile::REBUILD ? opaque(batch) : batch;
+        const SeqInfo s = seq_info(p, Tile::REBUILD ? opaque(batch) : batch);
         const long long hk = Tile::REBUILD ? opaque(head_k) : head_k;
         // (32 rows per warp: the flat-index loader, which holds fewer registers; at d = 96
         // the segmented one spilled)
         load_tile_async<B_c, HD, NTHREADS, MT == 1>(
-            dst, base + b * stride_b + hk * stride_h + col0 * stride_s, stride_s,
-            seqlen_k - col0, chunks, Tile::REBUILD ? opaque(tid) : tid);
+            dst, base + s.k_offset(stride_b, stride_s) + hk * stride_h + col0 * stride_s,
+            stride_s, seqlen_k - col0, chunks, Tile::REBUILD ? opaque(tid) : tid);
+    };
+    auto load_k = [&](elem_t* dst, int col0) {
+        load_kv(dst, p.k, p.k_stride_b, p.k_stride_h, p.k_stride_s, col0);
+    };
+    auto load_v = [&](elem_t* dst, int col0) {
+        load_kv(dst, p.v, p.v_stride_b, p.v_stride_h, p.v_stride_s, col0);
     };
 
-    const ColumnBlocks cb = column_blocks<B_r, B_c, CAUSAL>(row_block, seqlen_q, seqlen_k);
+    const ColumnBlocks cb = column_blocks<B_r, B_c>(mask, row_block);
     // LEAN tiles read the loop bounds from shared memory at each test instead of holding them
     // in two registers through the loop (with O~_i and S_ij live, they were among the values
     // spilled at d = 128).
@@ -181,41 +191,29 @@ fa2_forward(const FwdParams p) {
     // Q_i: HBM -> shared, with K_{begin} in the same cp.async group.
     // With two K/V stages, V_{begin} joins them (step j only waits for what step j - 1 issued),
     // except on SPLIT_V0 tiles, where it is a group of its own.
-    load_tile_async<B_r, HD, NTHREADS, MT == 1>(sQ, q, q_stride_s, seqlen_q - row0, chunks,
+    load_tile_async<B_r, HD, NTHREADS, MT == 1>(sQ, q, p.q_stride_s, seqlen_q - row0, chunks,
                                                 tid);
     // Column block j uses K/V buffer j % KV_STAGES.
     if (cb.begin < cb.end) {
         const int first = KV_STAGES == 2 ? (cb.begin & 1) * B_c * HD : 0;
-        load_kv(sK + first, K, k_stride_b, k_stride_h, k_stride_s, cb.begin * B_c);
+        load_k(sK + first, cb.begin * B_c);
         if (KV_STAGES == 2 && !Tile::SPLIT_V0)
-            load_kv(sV + first, V, v_stride_b, v_stride_h, v_stride_s, cb.begin * B_c);
+            load_v(sV + first, cb.begin * B_c);
     }
     cp_async_commit();
     if (Tile::SPLIT_V0) {  // V_{begin} in a group of its own, awaited before the first P~V
         if (cb.begin < cb.end)
-            load_kv(sV + (cb.begin & 1) * B_c * HD, V, v_stride_b, v_stride_h, v_stride_s,
-                    cb.begin * B_c);
+            load_v(sV + (cb.begin & 1) * B_c * HD, cb.begin * B_c);
         cp_async_commit();
     }
 
     // Per-thread state. Accumulator fragment layout of mma m16n8k16: lane holds rows
     // g = lane / 4 and g + 8 (index [e / 2]) and columns 2 * (lane % 4) + (e % 2) of a 16x8 tile.
     float o[MT][NT_O][4];  // O~_i, unscaled
-    float m[MT][2];        // m_i, running row max of S_ij (unscaled by softmax_scale)
-    // l_i, the running row sum: each lane sums its own columns of its rows (quad-reduced at the
-    // end). LEAN tiles: the row sums of each step are quad-reduced at once and lane t of a quad
-    // keeps l_i of one of its rows alone (one register, not four).
-    float l[MT][2];
-    float l_own = 0.f;  // lane t of a quad: (mt, e2) = (t / 2, t % 2)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < NT_O; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.f;
-        m[mt][0] = m[mt][1] = CUFLASH_NEG_INF;
-        l[mt][0] = l[mt][1] = 0.f;
-    }
+    zero(o);
+    // m_i, l_i (softmax.cuh; LEAN tiles keep l_i in one register per lane, LAZY_RESCALE moves
+    // m_i only when a row max passes it by more than 2^8 in P~)
+    OnlineSoftmax<MT, NT_S, NT_O, LEAN, Tile::LAZY_RESCALE, Tile::RESCALE_LOG2> softmax;
 
     // ---- the FA2 inner loop: one step per column block j ----------------------------------
     auto step = [&](int j, auto masked, bool first) {
@@ -232,12 +230,12 @@ fa2_forward(const FwdParams p) {
             // K_{j+1}, V_{j+1}: HBM -> the other buffers, overlapping this whole step.
             if (j + 1 < end()) {
                 const int next = B_c * HD - stage;
-                load_kv(sK + next, K, k_stride_b, k_stride_h, k_stride_s, col0 + B_c);
-                load_kv(sV + next, V, v_stride_b, v_stride_h, v_stride_s, col0 + B_c);
+                load_k(sK + next, col0 + B_c);
+                load_v(sV + next, col0 + B_c);
             }
         } else {
             // V_j: HBM -> shared, overlapping S_ij = Q_i K_j^T below.
-            load_kv(sV, V, v_stride_b, v_stride_h, v_stride_s, col0);
+            load_v(sV, col0);
         }
         cp_async_commit();
 
@@ -260,7 +258,22 @@ fa2_forward(const FwdParams p) {
                 ldmatrix_x4(b, readK.at(nt2 * 16, kk * 2) + g * 128);
             });
 
-        // Mask (only on blocks that cross the causal diagonal or the end of K):
+        // The score hook (score.cuh): S_ij as the softmax sees it (nothing to do for the scale
+        // alone, which the softmax folds into its exponent).
+        if constexpr (Score::REWRITES) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = row0 + warp * RPW + mt * 16 + lane / 4 + (e / 2) * 8;
+#pragma unroll
+                    for (int nt = 0; nt < NT_S; ++nt)
+                        s[mt][nt][e] = score.apply(s[mt][nt][e], row,
+                                                   col0 + nt * 8 + (lane % 4) * 2 + e % 2);
+                }
+        }
+
+        // Mask (only on blocks that cross a mask limit or the end of K, mask.cuh):
         // S_ij[r, c] = -inf where key c is not visible from query r.
         if (MASK) {
 #pragma unroll
@@ -268,73 +281,26 @@ fa2_forward(const FwdParams p) {
 #pragma unroll
                 for (int e2 = 0; e2 < 2; ++e2) {
                     const int row = row0 + warp * RPW + mt * 16 + lane / 4 + e2 * 8;
-                    const int limit = visible_limit<CAUSAL>(row, seqlen_q, seqlen_k) - col0;
+                    // this row's keys, counted from this lane's first column of K_j
+                    const KeyRange keys = mask.keys(row).from(col0 + (lane % 4) * 2);
 #pragma unroll
                     for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
                         for (int e1 = 0; e1 < 2; ++e1)
-                            if (nt * 8 + (lane % 4) * 2 + e1 > limit)
+                            if (!MaskT::visible(keys, nt * 8 + e1))
                                 s[mt][nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
                 }
         }
 
-        // Online softmax, row by row (each row lives in one quad of lanes):
-        //   m_new = max(m_i, rowmax(S_ij)); P~_ij = exp(scale * (S_ij - m_new));
-        //   l_i = e^(scale (m_i - m_new)) l_i + rowsum(P~_ij); O~_i *= e^(scale (m_i - m_new)).
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int e2 = 0; e2 < 2; ++e2) {
-                float m_new = m[mt][e2];
-#pragma unroll
-                for (int nt = 0; nt < NT_S; ++nt)
-                    m_new = fmaxf(m_new, fmaxf(s[mt][nt][e2 * 2], s[mt][nt][e2 * 2 + 1]));
-                m_new = quad_max(m_new);
-                // Lazy rescaling: m_i moves only when rowmax(S_ij) passes it by more than
-                // RESCALE_LOG2 in the exponent, so P~_ij <= 2^8 (float32 O~_i and l_i hold
-                // that easily); O_i = diag(l_i)^-1 O~_i and L_i = m_i + log(l_i) are the same
-                // for any m_i that O~_i and l_i share.
-                bool grow = true;
-                if (Tile::LAZY_RESCALE) {
-                    grow = m_new * scale_log2 > m[mt][e2] * scale_log2 + Tile::RESCALE_LOG2;
-                    if (!grow) m_new = m[mt][e2];  // alpha = 1 below
-                }
-                // A row with nothing visible yet keeps m = -inf; use 0 so that -inf - -inf
-                // never makes a NaN (its P~ is exp(-inf) = 0 either way).
-                const float m_scaled = m_new == CUFLASH_NEG_INF ? 0.f : m_new * scale_log2;
-                const float alpha = exp2_approx(m[mt][e2] * scale_log2 - m_scaled);
-                m[mt][e2] = m_new;
-                if (!LEAN) l[mt][e2] *= alpha;
-                float rowsum = 0.f;  // (LEAN) this lane's part of rowsum(P~_ij)
-                // (a warp-uniform branch: skipped when no row of the warp moved its m_i)
-                if (!Tile::LAZY_RESCALE || __any_sync(0xffffffffu, grow))
-#pragma unroll
-                for (int nt = 0; nt < NT_O; ++nt) {
-                    o[mt][nt][e2 * 2] *= alpha;
-                    o[mt][nt][e2 * 2 + 1] *= alpha;
-                }
-#pragma unroll
-                for (int nt = 0; nt < NT_S; ++nt)
-#pragma unroll
-                    for (int e1 = 0; e1 < 2; ++e1) {
-                        float& x = s[mt][nt][e2 * 2 + e1];
-                        x = exp2_approx(fmaf(x, scale_log2, -m_scaled));
-                        if (!LEAN)
-                            l[mt][e2] += x;
-                        else
-                            rowsum += x;
-                    }
-                if (LEAN) {  // (lane & 3, not lane % 4: with that ptxas spilled 96 bytes)
-                    const float sum = quad_sum(rowsum);  // rowsum(P~_ij), in every lane
-                    if ((lane & 3) == mt * 2 + e2) l_own = fmaf(l_own, alpha, sum);
-                }
-            }
+        // Online softmax (softmax.cuh): m_new = max(m_i, rowmax(S_ij)),
+        // P~_ij = exp(scale (S_ij - m_new)) in place of S_ij, l_i and O~_i rescaled.
+        softmax.update(s, o, score.exp2_scale, lane);
 
         if (KV_STAGES == 1) {
             cp_async_wait<0>();
             __syncthreads();  // V_j is in shared memory; every warp is done reading K_j
             // K_{j+1}: HBM -> shared, overlapping O~_i += P~_ij V_j below.
-            if (j + 1 < end()) load_kv(sK, K, k_stride_b, k_stride_h, k_stride_s, col0 + B_c);
+            if (j + 1 < end()) load_k(sK, col0 + B_c);
             cp_async_commit();
         }
 
@@ -362,8 +328,13 @@ fa2_forward(const FwdParams p) {
                 ldmatrix_x4_trans(b, readV.at(kk * 16, nd2 * 2));
             });
     };
+    // The three phases of the column blocks (block_range.cuh): masked on the left (a lower key
+    // limit; only masks with one have it), whole, masked on the right (the causal diagonal,
+    // the ragged end of K).
     int j = cb.begin;
     bool first = true;  // step j == cb.begin (SPLIT_V0 waits for V_j separately there)
+    if constexpr (MaskT::LOCAL)
+        for (; j < cb.unmasked_begin; ++j, first = false) step(j, Bool<true>{}, first);
     for (; j < masked_begin(); ++j, first = false)
         step(j, Bool<false>{}, first);  // blocks every row sees whole
     for (; j < end(); ++j, first = false)
@@ -381,20 +352,13 @@ fa2_forward(const FwdParams p) {
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
-            const float l_row = !LEAN ? quad_sum(l[mt][e2])
-                                        : __shfl_sync(0xffffffffu, l_own, (lane & ~3) | (mt * 2 + e2));
-            // l_i = 0: the row saw no key (O = 0, L = -inf). A NaN l_i (NaN in Q or K) stays
-            // NaN in both O and L.
-            const float inv_l = l_row == 0.f ? 0.f : 1.f / l_row;
-#pragma unroll
-            for (int nt = 0; nt < NT_O; ++nt) {
-                o[mt][nt][e2 * 2] *= inv_l;
-                o[mt][nt][e2 * 2 + 1] *= inv_l;
-            }
+            // (l_i = 0: the row saw no key, O = 0 and L = -inf; a NaN l_i stays NaN in both)
+            const float l_row = softmax.row_sum(mt, e2, lane);
+            softmax.normalise(o, mt, e2, l_row);
             const int row = row0 + warp * RPW + mt * 16 + lane / 4 + e2 * 8;
             if (lane % 4 == 0 && row < seqlen_q)
-                L[((long long)batch * nheads + head) * seqlen_q + row] =
-                    l_row == 0.f ? CUFLASH_NEG_INF : m[mt][e2] * softmax_scale + logf(l_row);
+                p.lse[seq.row_vector(head, nheads) + row] =
+                    softmax.lse(mt, e2, l_row, score.lse_scale);
         }
 
     // Stage O_i through this warp's own rows of the Q_i tile (no other warp reads them), then
@@ -411,13 +375,13 @@ fa2_forward(const FwdParams p) {
             }
         }
     __syncwarp();
-    elem_t* out = O + batch * o_stride_b + head * o_stride_h;
+    elem_t* out = p.o + seq.q_offset(p.o_stride_b, p.o_stride_s) + head * p.o_stride_h;
     constexpr int NC = HD / 8;
 #pragma unroll
     for (int i = lane; i < RPW * NC; i += 32) {
         const int r = warp * RPW + i / NC, c = i % NC;
         if (row0 + r < seqlen_q && c < chunks)
-            *reinterpret_cast<Chunk16*>(out + (row0 + r) * o_stride_s + c * 8) =
+            *reinterpret_cast<Chunk16*>(out + (row0 + r) * p.o_stride_s + c * 8) =
                 *reinterpret_cast<const Chunk16*>(sQ + tile_offset<HD>(r, c));
     }
 }

@@ -105,14 +105,13 @@ struct BwdParams {
     int seqlen_k;                   // key rows per batch entry
     int d;                          // head dim
     int group;                      // query heads per kv head
-    int causal;                     // 1: causal mask (the dQ pass of the ordered mode)
     int splits;                     // dQ slices (deterministic mode with dQ atomics), else 1
     int dq_accum_cols;              // row pitch of dq_accum (the head-dim bucket)
     int lanes;                      // preprocess: lanes per query row (a power of two >= d / 8)
     float softmax_scale;            // scale of S = Q K^T
     float scale_log2;               // softmax_scale * log2(e)
 };
-static_assert(sizeof(BwdParams) == 320, "BwdParams: size differs from cuflash/_params.py");
+static_assert(sizeof(BwdParams) == 312, "BwdParams: size differs from cuflash/_params.py");
 static_assert(__builtin_offsetof(BwdParams, q) == 0, "BwdParams.q");
 static_assert(__builtin_offsetof(BwdParams, k) == 8, "BwdParams.k");
 static_assert(__builtin_offsetof(BwdParams, v) == 16, "BwdParams.v");
@@ -153,11 +152,10 @@ static_assert(__builtin_offsetof(BwdParams, seqlen_q) == 276, "BwdParams.seqlen_
 static_assert(__builtin_offsetof(BwdParams, seqlen_k) == 280, "BwdParams.seqlen_k");
 static_assert(__builtin_offsetof(BwdParams, d) == 284, "BwdParams.d");
 static_assert(__builtin_offsetof(BwdParams, group) == 288, "BwdParams.group");
-static_assert(__builtin_offsetof(BwdParams, causal) == 292, "BwdParams.causal");
-static_assert(__builtin_offsetof(BwdParams, splits) == 296, "BwdParams.splits");
-static_assert(__builtin_offsetof(BwdParams, dq_accum_cols) == 300, "BwdParams.dq_accum_cols");
-static_assert(__builtin_offsetof(BwdParams, lanes) == 304, "BwdParams.lanes");
-static_assert(__builtin_offsetof(BwdParams, softmax_scale) == 308, "BwdParams.softmax_scale");
-static_assert(__builtin_offsetof(BwdParams, scale_log2) == 312, "BwdParams.scale_log2");
+static_assert(__builtin_offsetof(BwdParams, splits) == 292, "BwdParams.splits");
+static_assert(__builtin_offsetof(BwdParams, dq_accum_cols) == 296, "BwdParams.dq_accum_cols");
+static_assert(__builtin_offsetof(BwdParams, lanes) == 300, "BwdParams.lanes");
+static_assert(__builtin_offsetof(BwdParams, softmax_scale) == 304, "BwdParams.softmax_scale");
+static_assert(__builtin_offsetof(BwdParams, scale_log2) == 308, "BwdParams.scale_log2");
 
 }  // namespace cuflash

@@ -206,3 +206,34 @@ def test_long_sequence_memory_is_linear():
         dq_ref = scale * cp.einsum("hj,jhd->hd", dS, Kp)
         err = float(cp.abs(dq[0, i].astype(cp.float64) - dq_ref).max())
         assert err <= 2e-2 * float(cp.abs(dq_ref).max()) + 1e-3, (i, err)
+
+
+def test_ordered_deterministic_under_contention():
+    """The ordered deterministic backward (sm_90) waits on other blocks, so a block's place
+    among the column blocks comes from a ticket taken when it starts, not from its block index
+    (CUDA does not promise that blocks start in index order). With another stream's kernel
+    holding most SMs when it launches, so that its blocks start as SMs come free, it must
+    finish and give the same bits as alone."""
+    from cuflash import _api
+    dev = cp.cuda.Device()
+    props = _api._device_properties(cp, dev.id)
+    sms, smem = props["multiProcessorCount"], int(props["sharedMemPerBlockOptin"])
+    hog = cp.RawKernel(r'''
+    extern "C" __global__ void hog(long long cycles) {
+        extern __shared__ int s[];
+        long long t0 = clock64();
+        while (clock64() - t0 < cycles) { s[threadIdx.x] = 0; }
+    }''', "hog")
+    hog.max_dynamic_shared_size_bytes = smem
+    q, k, v, dout = make_inputs(2, 3000, 3000, 8, 2, 64, ml_dtypes.bfloat16)
+    for causal in (False, True):
+        out, lse = cuflash.forward(q, k, v, causal=causal)
+        alone = cuflash.backward(dout, q, k, v, out, lse, causal=causal, deterministic=True)
+        dev.synchronize()
+        side = cp.cuda.Stream(non_blocking=True)
+        with side:  # ~50 ms on all but 4 SMs, one block per SM (its shared memory fills it)
+            hog((sms - 4,), (32,), (np.int64(props["clockRate"] * 50),), shared_mem=smem)
+        busy = cuflash.backward(dout, q, k, v, out, lse, causal=causal, deterministic=True)
+        dev.synchronize()
+        for a, b in zip(alone, busy):
+            assert bool((a == b).all())

@@ -131,21 +131,51 @@ def test_column_blocks_match_mask(causal):
     needed mask)."""
     for B_r, B_c in [(16, 16), (16, 32), (64, 16), (128, 64)]:
         for sq, sk in itertools.product([1, 3, 17, 64, 65, 130], [1, 5, 16, 64, 100, 129]):
-            visible = ref.causal_mask(sq, sk, causal)
+            mask = ref.Mask(sq, sk, causal)
+            visible = mask.visible()
             for i in range(-(-sq // B_r)):
-                cb = ref.column_blocks(i, B_r, B_c, sq, sk, causal)
+                cb = ref.column_blocks(mask, i, B_r, B_c)
+                assert cb.begin <= cb.unmasked_begin <= cb.masked_begin <= cb.end
                 rows = slice(i * B_r, min((i + 1) * B_r, sq))
                 for j in range(-(-sk // B_c)):
                     blk = visible[rows, j * B_c:(j + 1) * B_c]
                     full = blk.shape[1] == B_c and blk.all()
                     if j < cb.begin or j >= cb.end:
                         assert not blk.any()
-                    elif j < cb.masked_begin:
+                    elif cb.unmasked_begin <= j < cb.masked_begin:
                         assert full
                     else:
                         assert not full  # a block that needs no mask is never masked
                 if cb.end > cb.begin:
                     assert visible[rows, (cb.end - 1) * B_c:cb.end * B_c].any()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_row_blocks_and_block_masks_match_mask(causal):
+    """The backward's ranges: row blocks outside [begin, end) see no key of column block j,
+    and block_needs_mask is false only where every row sees every key."""
+    for B_r, B_c in [(16, 16), (64, 128), (128, 64)]:
+        for sq, sk in itertools.product([1, 3, 17, 64, 65, 130], [1, 5, 16, 64, 100, 129]):
+            mask = ref.Mask(sq, sk, causal)
+            visible = mask.visible()
+            for j in range(-(-sk // B_c)):
+                begin, end = ref.row_blocks(mask, j, B_r, B_c)
+                for i in range(-(-sq // B_r)):
+                    blk = visible[i * B_r:(i + 1) * B_r, j * B_c:(j + 1) * B_c]
+                    if not begin <= i < end:
+                        assert not blk.any()
+                    elif not ref.block_needs_mask(mask, i, j, B_r, B_c):
+                        assert blk.all() and blk.shape[1] == B_c
+
+
+def test_mask_key_ranges_and_seq_info():
+    mask = ref.Mask(5, 3, causal=True)  # rows 0, 1 see nothing
+    assert [mask.keys(r) for r in range(5)] == [(0, -2), (0, -1), (0, 0), (0, 1), (0, 2)]
+    assert mask.first_row(0) == 2 and mask.first_row(2) == 4 and mask.last_row(2) == 4
+    assert ref.Mask(3, 5).keys(0) == (0, 4)
+    si = ref.seq_info(3, 100, 200)
+    assert (si.q_offset(7000, 70), si.k_offset(9000, 90), si.row_vector(2, 4)) == \
+        (21000, 27000, 1400)
 
 
 # ---- backward ------------------------------------------------------------------------------

@@ -184,7 +184,7 @@ def test_each_architecture_class_builds_the_shapes_planned_for_it():
                     assert _plan.backward_kernel_name(dt, cfg, True) in names
                     if bulk:  # the deterministic mode's ordered-additions kernel
                         assert _plan.backward_kernel_name(dt, cfg, True, True) in names
-                    assert _plan.backward_dq_name(dt, cfg) in names
+                    assert _plan.backward_dq_name(dt, cfg, True) in names
                 for HD in _plan.HEAD_DIM_BUCKETS:
                     cfg = _plan.forward_config(HD, False, smem)
                     assert cfg.smem_bytes <= smem

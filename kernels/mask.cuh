@@ -1,0 +1,54 @@
+// mask.cuh: which keys a query row sees, and nothing else.
+//
+// One function, Mask::keys(row), gives the key range [lo, hi] of a query row; every element
+// mask in every kernel and every block range (block_range.cuh) is computed from it, and
+// cuflash/reference.py mirrors it (`key_range`). Masks are limits of that range:
+//   - the end of K:    hi <= seqlen_k - 1;
+//   - causal (CAUSAL): hi <= row + seqlen_k - seqlen_q, aligned to the bottom-right corner as
+//                      in FlashAttention-2, so that when seqlen_q > seqlen_k the first rows see
+//                      nothing (their output is 0 and their log-sum-exp -inf);
+//   - LOCAL (reserved for sliding windows): a lower limit lo > 0. No kernel instantiates it yet;
+//     where it is false every test of lo compiles away.
+// A new mask changes this header, the reference and the API: the kernels take the Mask type as
+// a template parameter and ask it.
+#pragma once
+
+namespace cuflash {
+
+// The keys one query row sees: [lo, hi]; none when hi < lo.
+struct KeyRange {
+    int lo, hi;
+    // The same range with key `origin` as 0 (an element mask compares compile-time offsets
+    // within a fragment against it).
+    __device__ __forceinline__ KeyRange from(int origin) const { return {lo - origin, hi - origin}; }
+};
+
+template <bool CAUSAL_, bool LOCAL_ = false>
+struct Mask {
+    static constexpr bool CAUSAL = CAUSAL_, LOCAL = LOCAL_;
+    static_assert(!LOCAL, "local (sliding-window) masks are not implemented yet");
+    int seqlen_q, seqlen_k;
+
+    __device__ __forceinline__ Mask(int seqlen_q_, int seqlen_k_)
+        : seqlen_q(seqlen_q_), seqlen_k(seqlen_k_) {}
+
+    // The keys query row `row` sees.
+    __device__ __forceinline__ KeyRange keys(int row) const {
+        int hi = seqlen_k - 1;
+        if (CAUSAL) hi = min(hi, row + seqlen_k - seqlen_q);
+        return {0, hi};
+    }
+    // The first query row that sees a key in [col_lo, col_hi] (rows further down see keys
+    // further right; the backward's row ranges).
+    __device__ __forceinline__ int first_row(int col_lo) const {
+        return CAUSAL ? max(0, col_lo - (seqlen_k - seqlen_q)) : 0;
+    }
+    // The last query row that sees a key in [col_lo, col_hi] (a lower limit cuts rows below).
+    __device__ __forceinline__ int last_row(int /*col_hi*/) const { return seqlen_q - 1; }
+    // Whether key `col` is visible in a row whose range is r (the element mask).
+    static __device__ __forceinline__ bool visible(const KeyRange& r, int col) {
+        return (!LOCAL || col >= r.lo) && col <= r.hi;
+    }
+};
+
+}  // namespace cuflash
