@@ -106,6 +106,73 @@ def compile_file(filename: str, names: list[str], arch: str, nvcc: str) -> tuple
         return log, parse_ptxas(log)
 
 
+def _load_nvrtc():
+    """libnvrtc through ctypes (the one CuPy's [ctk] extra installs, or the system's), or
+    None."""
+    import ctypes
+    import ctypes.util
+    import glob
+    candidates = []
+    try:
+        import nvidia.cuda_nvrtc as pkg  # the pip wheel of NVRTC (cupy-cuda12x[ctk])
+        for d in pkg.__path__:
+            candidates += sorted(glob.glob(os.path.join(d, "lib", "libnvrtc.so*")))
+    except ImportError:
+        pass
+    try:
+        import nvidia.cu13 as pkg13  # (CUDA 13's wheels put every library in one package)
+        for d in pkg13.__path__:
+            candidates += sorted(glob.glob(os.path.join(d, "lib", "libnvrtc.so*")))
+    except ImportError:
+        pass
+    found = ctypes.util.find_library("nvrtc")
+    if found:
+        candidates.append(found)
+    for path in candidates:
+        if "builtins" in path or ".alt." in path:
+            continue
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
+def nvrtc_compile(filename: str, names: list[str], arch: str) -> None:
+    """Compile the specialisations `names` of kernels/`filename` with NVRTC, as CuPy does at
+    run time, to PTX for compute_`arch` (no GPU needed). Raises RuntimeError with the log on
+    failure, FileNotFoundError where NVRTC is not installed. nvcc and NVRTC accept slightly
+    different C++ (NVRTC has no standard headers, no offsetof): this catches what only NVRTC
+    refuses."""
+    import ctypes
+    lib = _load_nvrtc()
+    if lib is None:
+        raise FileNotFoundError("libnvrtc not found (pip install 'cupy-cuda12x[ctk]>=14')")
+    prog = ctypes.c_void_p()
+    src = _loader.expand_source(filename).encode()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), src, filename.encode(), 0, None, None):
+        raise RuntimeError("nvrtcCreateProgram failed")
+    try:
+        for name in names:
+            lib.nvrtcAddNameExpression(prog, name.encode())
+        # (the options CuPy's RawModule adds: -ftz=true, --device-as-default-execution-space)
+        opts = [o.encode() for o in (*_loader.NVRTC_OPTIONS, f"--gpu-architecture=compute_{arch}",
+                                     "-ftz=true", "--device-as-default-execution-space")]
+        arr = (ctypes.c_char_p * len(opts))(*opts)
+        status = lib.nvrtcCompileProgram(prog, len(opts), arr)
+        if status:
+            size = ctypes.c_size_t()
+            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            buf = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetProgramLog(prog, buf)
+            log = buf.value.decode(errors="replace")
+            loc = _loader.first_error_location(log)
+            where = f"{loc[0]}:{loc[1]}: {loc[2]}" if loc else "compile failed"
+            raise RuntimeError(f"NVRTC compute_{arch}, kernels/{filename}: {where}\n{log}")
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
 def check_all(archs=ARCHS, nvcc: str | None = None) -> list[KernelReport]:
     nvcc = nvcc or find_nvcc()
     if nvcc is None:

@@ -36,6 +36,7 @@ struct FwdParams {
     float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
 };
 static_assert(sizeof(FwdParams) == 184, "FwdParams: size differs from cuflash/_params.py");
+#ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(FwdParams, q) == 0, "FwdParams.q");
 static_assert(__builtin_offsetof(FwdParams, k) == 8, "FwdParams.k");
 static_assert(__builtin_offsetof(FwdParams, v) == 16, "FwdParams.v");
@@ -62,6 +63,7 @@ static_assert(__builtin_offsetof(FwdParams, d) == 168, "FwdParams.d");
 static_assert(__builtin_offsetof(FwdParams, group) == 172, "FwdParams.group");
 static_assert(__builtin_offsetof(FwdParams, softmax_scale) == 176, "FwdParams.softmax_scale");
 static_assert(__builtin_offsetof(FwdParams, scale_log2) == 180, "FwdParams.scale_log2");
+#endif
 
 // Backward kernels (fa2_backward.cu).
 struct BwdParams {
@@ -112,6 +114,7 @@ struct BwdParams {
     float scale_log2;               // softmax_scale * log2(e)
 };
 static_assert(sizeof(BwdParams) == 312, "BwdParams: size differs from cuflash/_params.py");
+#ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(BwdParams, q) == 0, "BwdParams.q");
 static_assert(__builtin_offsetof(BwdParams, k) == 8, "BwdParams.k");
 static_assert(__builtin_offsetof(BwdParams, v) == 16, "BwdParams.v");
@@ -157,5 +160,6 @@ static_assert(__builtin_offsetof(BwdParams, dq_accum_cols) == 296, "BwdParams.dq
 static_assert(__builtin_offsetof(BwdParams, lanes) == 300, "BwdParams.lanes");
 static_assert(__builtin_offsetof(BwdParams, softmax_scale) == 304, "BwdParams.softmax_scale");
 static_assert(__builtin_offsetof(BwdParams, scale_log2) == 308, "BwdParams.scale_log2");
+#endif
 
 }  // namespace cuflash

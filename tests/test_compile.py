@@ -118,3 +118,33 @@ def test_planner_and_tile_traits_are_checked_for_every_tile():
             for name in names:
                 if "Tile<" in name:
                     assert any(t in name for t in tiles), name
+
+
+def _nvrtc_or_skip():
+    if compile_check._load_nvrtc() is None:
+        pytest.skip("libnvrtc not found (it comes with cupy-cuda12x[ctk])")
+
+
+@pytest.mark.parametrize("filename", [_plan.FORWARD_FILE, _plan.BACKWARD_FILE, _plan.FA1_FILE])
+def test_kernels_compile_under_nvrtc(filename):
+    """What CuPy compiles at run time compiles: NVRTC (no GPU needed for PTX) takes one
+    specialisation of each kernel of the file, per architecture class (nvcc alone missed a
+    construct NVRTC refuses)."""
+    _nvrtc_or_skip()
+    for arch in compile_check.ARCHS:
+        names = [n for f, n in _plan.all_specialisations(arch) if f == filename]
+        by_kernel = {}
+        for n in names:
+            by_kernel.setdefault(n.split("<")[0], n)
+        compile_check.nvrtc_compile(filename, list(by_kernel.values()), arch)
+
+
+def test_nvrtc_check_reports_errors(tmp_path, monkeypatch):
+    _nvrtc_or_skip()
+    (tmp_path / "common.cuh").write_text("#pragma once\n__device__ float helper() {\n"
+                                         "  return undefined_name;\n}\n")
+    (tmp_path / "k.cu").write_text('#include "common.cuh"\n'
+                                   'extern "C" __global__ void k(float* x) { x[0] = helper(); }\n')
+    monkeypatch.setattr(_loader, "KERNEL_DIR", tmp_path)
+    with pytest.raises(RuntimeError, match=r"common.cuh:3: .*undefined_name"):
+        compile_check.nvrtc_compile("k.cu", [], "80")
