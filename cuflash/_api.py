@@ -9,10 +9,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import _loader, _params, _plan
+from . import _loader, _plan, _registry
 
 MIN_COMPUTE_CAPABILITY = 80
-_GRID_YZ_MAX = 65535  # CUDA limit on gridDim.y / gridDim.z (heads, batch)
+_GRID_YZ_MAX = _registry._GRID_YZ_MAX  # CUDA limit on gridDim.y / gridDim.z (heads, batch)
 
 
 # The one install hint every message gives (README.md, "Set up").
@@ -391,15 +391,13 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
         key = (device_id, q.dtype, d, causal, short, config)
         launch = _forward_launches.get(key)
         if launch is None:
-            cfg = config or _plan.forward_config(HD, causal, _max_smem(cupy, device_id),
-                                                 seqlen_k)
-            kernel = _loader.get_kernel(
-                _plan.FORWARD_FILE, _plan.forward_kernel_name(_dtype_name(q.dtype), cfg, causal))
-            _set_smem(kernel, cfg.smem_bytes)
-            launch = _forward_launches[key] = (cfg, _loader.Launcher(kernel),
-                                               _loader.ParamBuffer(_params.FWD))
+            plan = _registry.fa2_forward_plan(_dtype_name(q.dtype), HD, causal,
+                                              _max_smem(cupy, device_id), seqlen_k, config)
+            launch = _forward_launches[key] = (
+                plan.cfg, _launcher(_registry.FA2_FORWARD, plan, "main"),
+                _loader.ParamBuffer(_registry.FA2_FORWARD.params))
         cfg, kernel, params = launch
-        grid = ((seqlen_q + cfg.B_r - 1) // cfg.B_r, nheads, batch)
+        grid = _registry.fa2_forward_grid(cfg, seqlen_q, nheads, batch)
         if verbose:
             print(f"FA2 plan: B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.nwarps} warps, grid "
                   f"{grid} (row blocks, heads, batch), {cfg.smem_bytes} bytes of shared memory")
@@ -429,14 +427,12 @@ def _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose,
     key = (device_id, q.dtype, HD, causal)
     launch = _fa1_launches.get(key)
     if launch is None:
-        cfg = _plan.fa1_config(HD, _max_smem(cupy, device_id))
-        dtype_name = _dtype_name(q.dtype)
-        kernel = _loader.get_kernel(_plan.FA1_FILE,
-                                    _plan.fa1_kernel_name(dtype_name, cfg, causal))
-        _set_smem(kernel, cfg.smem_bytes)
-        fin = _loader.get_kernel(_plan.FA1_FILE, _plan.fa1_finalize_name(dtype_name))
-        launch = _fa1_launches[key] = (cfg, _loader.Launcher(kernel), _loader.Launcher(fin),
-                                       _loader.ParamBuffer(_params.FWD))
+        plan = _registry.fa1_forward_plan(_dtype_name(q.dtype), HD, causal,
+                                          _max_smem(cupy, device_id))
+        launch = _fa1_launches[key] = (
+            plan.cfg, _launcher(_registry.FA1_FORWARD, plan, "main"),
+            _launcher(_registry.FA1_FORWARD, plan, "finalize"),
+            _loader.ParamBuffer(_registry.FA1_FORWARD.params))
     cfg, kernel, fin, params = launch
     if verbose:
         print(cfg.describe(seqlen_q, seqlen_k))
@@ -451,8 +447,9 @@ def _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose,
                     k_strides=ks, v_strides=vs, o_strides=out_strides, seqlen_q=seqlen_q,
                     seqlen_k=seqlen_k, d=d, group=nheads // nheads_k, softmax_scale=scale,
                     scale_log2=scale * _LOG2E)
-        kernel((nheads, batch, 1), cfg.threads, cfg.smem_bytes, stream, params)
-        fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), 128, 0, stream, params)
+        grids = _registry.fa1_forward_grids(seqlen_q, d, nheads, batch)
+        kernel(grids["main"], cfg.threads, cfg.smem_bytes, stream, params)
+        fin(grids["finalize"], 128, 0, stream, params)
 
 
 _fa1_launches: dict = {}
@@ -477,30 +474,14 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
     device_id = cupy.cuda.Device().id
     buckets = sorted({_plan.head_dim_bucket(d) for d in (head_dims or _plan.HEAD_DIM_BUCKETS)})
     max_smem = _max_smem(cupy, device_id)
+    bulk = _has_bulk_copy(cupy, device_id)
     dtypes = [dt if isinstance(dt, str) else _dtype_name(dt) for dt in dtypes]
-    names = [(_plan.FORWARD_FILE, _plan.forward_kernel_name(dt, cfg, c))
-             for dt in dtypes for HD in buckets for c in causal
-             for cfg in _plan.forward_plans(HD, c, max_smem)]
-    if backward:
-        bwd_buckets = sorted({_plan.backward_head_dim_bucket(d)
-                              for d in (head_dims or _plan.HEAD_DIM_BUCKETS)})
-        for dt in dtypes:
-            names.append((_plan.BACKWARD_FILE, _plan.backward_preprocess_name(dt)))
-            for HD in bwd_buckets:
-                try:
-                    cfg = _plan.backward_config(HD, max_smem, _has_bulk_copy(cupy, device_id))
-                except RuntimeError:  # does not fit this GPU: backward() will say so
-                    continue
-                names += [(_plan.BACKWARD_FILE, _plan.backward_kernel_name(dt, cfg, c, o))
-                          for c in causal for o in ((False, True) if cfg.dq_bulk else (False,))]
-                names += [(_plan.BACKWARD_FILE, _plan.backward_dq_name(dt, cfg, c)) for c in causal]
-
-    if fa1:
-        for dt in dtypes:
-            names.append((_plan.FA1_FILE, _plan.fa1_finalize_name(dt)))
-            names += [(_plan.FA1_FILE,
-                       _plan.fa1_kernel_name(dt, _plan.fa1_config(HD, max_smem), c))
-                      for HD in buckets for c in causal]
+    variants = [v for v in _registry.VARIANTS
+                if v is not _registry.FA2_BACKWARD or backward
+                if v is not _registry.FA1_FORWARD or fa1]
+    names = list(dict.fromkeys(
+        (v.source, name) for v in variants for dt in dtypes for HD in buckets for c in causal
+        for plan in v.plans(dt, HD, c, max_smem, bulk) for name in plan.kernels.values()))
 
     def build(item):
         with cupy.cuda.Device(device_id):
@@ -587,21 +568,16 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         key = (device_id, q.dtype, d, causal, deterministic, config)
         launch = _backward_launches.get(key)
         if launch is None:
-            dtype_name = _dtype_name(q.dtype)
-            cfg = config or _plan.backward_config(_plan.backward_head_dim_bucket(d),
-                                                  _max_smem(cupy, device_id),
-                                                  _has_bulk_copy(cupy, device_id))
+            max_smem, bulk = _max_smem(cupy, device_id), _has_bulk_copy(cupy, device_id)
+            HD = _plan.backward_head_dim_bucket(d)
+            cfg = config or _plan.backward_config(HD, max_smem, bulk)
             ordered = bool(deterministic and cfg.dq_bulk)
-            main = _loader.get_kernel(_plan.BACKWARD_FILE,
-                                      _plan.backward_kernel_name(dtype_name, cfg, causal, ordered))
-            _set_smem(main, cfg.smem_bytes)
-            pre = _loader.get_kernel(_plan.BACKWARD_FILE,
-                                     _plan.backward_preprocess_name(dtype_name))
-            fin = _loader.get_kernel(_plan.BACKWARD_FILE,
-                                     _plan.backward_dq_name(dtype_name, cfg, causal))
+            plan = _registry.fa2_backward_plan(_dtype_name(q.dtype), HD, causal, max_smem, bulk,
+                                               ordered, cfg)
+            variant = _registry.FA2_BACKWARD
             launch = _backward_launches[key] = (
-                cfg, ordered, _loader.Launcher(pre), _loader.Launcher(main),
-                _loader.Launcher(fin), _loader.ParamBuffer(_params.BWD))
+                cfg, ordered, _launcher(variant, plan, "pre"), _launcher(variant, plan, "main"),
+                _launcher(variant, plan, "dq"), _loader.ParamBuffer(variant.params))
         cfg, ordered, pre, main, fin, params = launch
         stream = cupy.cuda.get_current_stream().ptr
 
@@ -616,12 +592,13 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         rows = T_r * cfg.B_r if cfg.dq_bulk else seqlen_q
         split = deterministic and not ordered
         sms = _device_properties(cupy, device_id)["multiProcessorCount"]
-        splits = _deterministic_splits(sms, T_c, batch * nheads_k, cfg, seqlen_q * group,
-                                       batch * nheads * rows * cfg.HD * 4, causal) \
+        splits = _registry.deterministic_splits(sms, T_c, batch * nheads_k, cfg,
+                                                seqlen_q * group,
+                                                batch * nheads * rows * cfg.HD * 4, causal) \
             if split else 1
         # GQA / MQA: each block sums the query heads of one part of a group into dK_j, dV_j
         # (fa2_backward.cu); more than one part only where one would leave SMs idle.
-        parts = _head_parts(group, (splits if split else T_c) * nheads_k * batch, sms)
+        parts = _registry.head_parts(group, (splits if split else T_c) * nheads_k * batch, sms)
         alloc = cupy.empty if ordered else cupy.zeros
         dq_accum = alloc((splits, batch, nheads, rows, cfg.HD), dtype=cupy.float32)
         # ordered: turn counters (batch, heads, T_r), then one ticket counter per (batch, kv
@@ -650,19 +627,15 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
                         dq_accum_cols=cfg.HD, lanes=lanes, softmax_scale=scale,
                         scale_log2=scale * _LOG2E)
             # 1. D = rowsum(dO ∘ O)
-            pre(((seqlen_q + 128 // lanes - 1) // (128 // lanes), nheads, batch), 128, 0,
+            pre(_registry.backward_preprocess_grid(seqlen_q, lanes, nheads, batch), 128, 0,
                 stream, params)
             # 2. dK, dV per column block; dQ accumulated in float32
-            main(_backward_grid(T_c, nheads_k * parts, batch, causal, ordered,
-                                splits if split else 0),
+            main(_registry.backward_grid(T_c, nheads_k * parts, batch, causal, ordered,
+                                         splits if split else 0),
                  cfg.threads, cfg.smem_bytes, stream, params)
             # 3. dQ = scale * sum of the slices, in the input dtype
-            if cfg.dq_bulk:  # one thread per 4 floats
-                fin(((T_r * cfg.B_r * cfg.HD // 4 + 127) // 128, nheads, batch), 128, 0,
-                    stream, params)
-            else:  # one thread per 8 elements of a row
-                fin(((seqlen_q * (d // 8) + 127) // 128, nheads, batch), 128, 0, stream,
-                    params)
+            fin(_registry.backward_dq_grid(cfg, seqlen_q, d, nheads, batch), 128, 0, stream,
+                params)
         if parts > 1:  # (a fixed order: deterministic)
             for buf, g in ((dk_buf, dk), (dv_buf, dv)):
                 g[...] = buf.sum(axis=0)
@@ -670,61 +643,6 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
 
 
 _backward_launches: dict = {}
-
-def _backward_grid(T_c: int, grid_heads: int, batch: int, causal: bool, ordered: bool,
-                   splits: int = 0) -> tuple:
-    """The FA2 backward kernel's grid: (T_c, grid_heads, batch), one block per column block, or
-    (splits, grid_heads, batch) with split slices; with ordered dQ additions and no causal mask,
-    (grid_heads, batch, T_c), so that block x of every (batch, head) starts before any block
-    x + 1 (fa2_backward.cu, "Deterministic mode"). grid_heads = kv heads x head parts."""
-    if ordered and not causal:
-        if T_c > _GRID_YZ_MAX:
-            raise ValueError(f"deterministic=True without the causal mask handles at most "
-                             f"{_GRID_YZ_MAX} key blocks ({T_c} here): use shorter key "
-                             f"sequences, causal=True, or deterministic=False")
-        return (grid_heads, batch, T_c)
-    return (splits or T_c, grid_heads, batch)
-
-
-def _head_parts(group: int, blocks_per_part: int, sms: int) -> int:
-    """How many parts the query heads of each kv head are split into in the backward (each
-    part a thread block per column block, summing its heads into dK_j, dV_j in registers): 1,
-    so that no float32 copy of dK, dV is needed, unless that gives fewer blocks than the GPU
-    has SMs; then the smallest divisor of the group that fills them (its float32 slices, one
-    per part, are summed after the kernel)."""
-    for parts in range(1, group + 1):
-        if group % parts == 0 and blocks_per_part * parts >= sms:
-            return parts
-    return group
-
-
-# The deterministic mode's split slices of float32 dQ take at most this many bytes beyond
-# twice the float32 dQ (see _deterministic_splits).
-_SPLIT_SCRATCH_FLOOR = 64 << 20
-
-
-def _deterministic_splits(sms: int, T_c: int, bh: int, cfg, rows_per_bh: int,
-                          slice_bytes: int, causal: bool) -> int:
-    """Thread blocks per (batch, kv head) in deterministic mode with dQ atomics (sm_80-89).
-
-    Block x of a (batch, kv head) takes T_c / splits column blocks in turn, so the compute time
-    goes as (waves of blocks) x (column blocks per block): ceil(bh * splits / SMs) *
-    ceil(T_c / splits), one block per SM (the default mode runs ceil(bh * T_c / SMs) waves of
-    one column block each). Each split also costs one float32 copy of dQ (`slice_bytes`),
-    written once and read once, and the copies together may take at most
-    max(2 x slice_bytes, 64 MiB). The split count with the lowest estimate, at most 16; the
-    estimate takes a column block at ~1.6 TFLOP/s per SM (2.5 forward-sized matmuls of
-    B_c x rows_per_bh x HD, half of them under a causal mask) and memory at ~3 TB/s."""
-    block_s = 2.5 * 4 * cfg.B_c * rows_per_bh * cfg.HD * (0.5 if causal else 1.0) / 1.6e12
-    slice_s = 2 * slice_bytes / 3e12
-    limit = max(2, min(16, max(2 * slice_bytes, _SPLIT_SCRATCH_FLOOR) // max(1, slice_bytes)))
-    best_cost, best = None, 1
-    for splits in range(1, min(T_c, limit) + 1):
-        cost = -(-bh * splits // sms) * -(-T_c // splits) * block_s + splits * slice_s
-        if best_cost is None or cost < best_cost:
-            best_cost, best = cost, splits
-    return best
-
 
 def attention_with_vjp(q, k, v, causal: bool = False, softmax_scale: float | None = None,
                        deterministic: bool = False):
@@ -773,6 +691,15 @@ def _max_smem(cupy, device_id: int) -> int:
 def _has_bulk_copy(cupy, device_id: int) -> bool:
     props = _device_properties(cupy, device_id)
     return _plan.has_bulk_copy(10 * int(props["major"]) + int(props["minor"]))
+
+
+def _launcher(variant, plan, role: str):
+    """The compiled kernel of `role` in a launch plan, with its shared-memory limit raised
+    where it needs more than the default, ready to launch (current device)."""
+    kernel = _loader.get_kernel(variant.source, plan.kernels[role])
+    if plan.smem[role]:
+        _set_smem(kernel, plan.smem[role])
+    return _loader.Launcher(kernel)
 
 
 def _set_smem(kernel, nbytes: int) -> None:

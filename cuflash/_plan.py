@@ -1,5 +1,7 @@
-"""Launch planner: tile shapes per head dim, shared-memory sizes, grids, and the list of every
-kernel specialisation the package can launch (the CPU compile check builds all of them)."""
+"""Launch planner: the tile configurations (one dataclass per kernel family, mirroring the
+kernels' Tile traits), the one tile table, the kernels' name expressions, and the list of every
+specialisation the package can launch (from the variant registry, cuflash/_registry.py; the
+CPU compile check builds all of them)."""
 
 from __future__ import annotations
 
@@ -68,84 +70,6 @@ class ForwardConfig:
         return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}",
                 f"{self.tile_type}::LEAN == {str(self.lean).lower()}",
                 f"{self.tile_type}::REBUILD == {str(self.rebuild).lower()}"]
-
-
-# Tile shapes (B_r, B_c, warps[, K/V stages]) per head-dim bucket and mask, in order of
-# preference; the first whose shared memory fits the device is used (sm_86/89/120 allow 99 KB
-# per block, sm_80 163 KB, sm_90 227 KB). Each is spill-free on sm_80 and sm_90 (the CPU
-# compile check enforces it) and was the fastest spill-free shape measured on the H200
-# (PERFORMANCE.md).
-_FORWARD_CONFIGS = {
-    # HD: (non-causal shapes, causal shapes)
-    32: ([(128, 64, 4, 2)], [(128, 64, 4, 2)]),
-    64: ([(128, 64, 4)], [(128, 64, 4)]),
-    96: ([(128, 64, 4, 2)], [(128, 64, 4, 2)]),
-    128: ([(64, 128, 4)], [(64, 128, 4)]),
-    160: ([(128, 64, 8)], [(128, 64, 8)]),
-    192: ([(128, 64, 8)], [(128, 64, 8)]),
-    224: ([(128, 32, 8)], [(128, 32, 8)]),
-    256: ([(64, 64, 4)], [(64, 64, 4)]),
-}
-
-
-# Shapes tried first on GPUs of the sm_90 class (227 KB of shared memory per block; the
-# compile check builds them as sm_90). d 128 non-causal, 128x64x4 with two K/V stages (32 rows
-# per warp, as FlashAttention-2's d 128 forward): spill-free as sm_90 (the kernel's LEAN
-# state), but ptxas spills 16-24 bytes of it as sm_80, where 64x128x4 stays. Causal: 64x128x4
-# measured faster on the H200. d 96: 64x128x4 with two K/V stages (108 KB, one block per SM
-# on 163 KB GPUs, so only here): +2-6% at seqlen 4k-16k over 128x64x4, both masks, bf16 and
-# fp16, equal at 1k (PERFORMANCE.md, seventh round).
-SM90_SMEM = 227 * 1024
-_FORWARD_CONFIGS_SM90 = {
-    96: ([(64, 128, 4, 2)], [(64, 128, 4, 2)]),
-    128: ([(128, 64, 4, 2)], []),
-}
-
-
-def forward_configs(HD: int, causal: bool,
-                    max_smem_bytes: int = SM90_SMEM) -> list[ForwardConfig]:
-    shapes = _FORWARD_CONFIGS[HD][int(bool(causal))]
-    if max_smem_bytes >= SM90_SMEM:
-        shapes = _FORWARD_CONFIGS_SM90.get(HD, ([], []))[int(bool(causal))] + shapes
-    return [ForwardConfig(HD, *shape) for shape in shapes]
-
-
-# Short key sequences: (seqlen_k limit non-causal, causal) up to which head-dim bucket HD takes
-# its shape with two K/V stages (a row block then visits few column blocks, and prefetching the
-# next pair hides more of each block's start). d 64, bf16 and fp16 on the H200: non-causal
-# +1-5% at seqlen 512, +1-1.6% at 1024 (two runs of the seventh round; mixed in the fifth),
-# 1-6% slower from 2048; causal +4-7% at 512-1024, +2% at 2048, +0-1% at 4096
-# (PERFORMANCE.md).
-_FORWARD_SHORT_KV2 = {
-    64: (1024, 4096),
-}
-
-
-def forward_short(HD: int, causal: bool, seqlen_k: int | None) -> bool:
-    """Whether a key sequence of `seqlen_k` takes bucket HD's short-sequence shape."""
-    limits = _FORWARD_SHORT_KV2.get(HD)
-    return bool(limits) and seqlen_k is not None and seqlen_k <= limits[int(bool(causal))]
-
-
-def forward_config(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM,
-                   seqlen_k: int | None = None) -> ForwardConfig:
-    """The tile shape used for head-dim bucket HD on a device allowing `max_smem_bytes` of
-    dynamic shared memory per block (for keys of length `seqlen_k`, where given)."""
-    for cfg in forward_configs(HD, causal, max_smem_bytes):
-        if cfg.smem_bytes <= max_smem_bytes:
-            if forward_short(HD, causal, seqlen_k) and cfg.kv_stages == 1:
-                short = ForwardConfig(HD, cfg.B_r, cfg.B_c, cfg.nwarps, 2)
-                if short.smem_bytes <= max_smem_bytes:
-                    return short
-            return cfg
-    raise RuntimeError(f"no forward tile for head dim bucket {HD} fits in {max_smem_bytes} "
-                       "bytes of shared memory")
-
-
-def forward_plans(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM) -> list[ForwardConfig]:
-    """Every tile shape forward_config can pick for bucket HD on such a device: the usual one
-    and, where the bucket has one, the short-key one (distinct, in that order)."""
-    return list(dict.fromkeys(forward_config(HD, causal, max_smem_bytes, n) for n in (None, 1)))
 
 
 def mask_type(causal: bool) -> str:
@@ -305,73 +229,161 @@ class BackwardConfig:
                 f"{t}::OPAQUE_ROWS == {str(self.opaque_rows).lower()}"]
 
 
-# (B_r, B_c, nwarps, wm_sdp, wm_dkv, wm_dq, qstages) in order of preference, dQ by atomics;
-# the first that fits the device's shared memory (227 KB on sm_90, 163 KB on sm_80, 99 KB on
-# sm_86/89/120). Each is spill-free on sm_80 and sm_90 (the CPU compile check enforces it);
-# PERFORMANCE.md has the measurements behind the choices.
-_BACKWARD_CONFIGS = {
-    32: [(128, 128, 8, 4, 8, 8, 2), (128, 128, 8, 4, 8, 8, 1)],
-    64: [(128, 128, 8, 2, 4, 4, 2), (128, 128, 8, 2, 4, 4, 1), (64, 128, 8, 2, 4, 2, 1)],
-    96: [(64, 128, 8, 4, 4, 4, 2), (64, 128, 8, 4, 4, 4, 1), (64, 64, 8, 4, 4, 4, 1)],
-    128: [(64, 128, 8, 2, 4, 2, 2), (64, 128, 8, 2, 4, 2, 1), (64, 64, 8, 4, 2, 2, 1)],
-    160: [(64, 64, 8, 4, 4, 4, 2), (64, 64, 8, 4, 4, 4, 1)],
-    192: [(64, 64, 8, 4, 2, 2, 2)],
-    224: [(64, 64, 8, 4, 4, 4, 2), (64, 64, 8, 4, 4, 4, 1)],
-    256: [(64, 64, 8, 2, 2, 2, 2), (64, 64, 8, 2, 2, 2, 1)],
-}
+def has_bulk_copy(compute_capability: int) -> bool:
+    """cp.reduce.async.bulk (the backward's dQ_bulk path) exists from sm_90 on."""
+    return compute_capability >= 90
 
-# With the bulk dQ reduction (sm_90+), tried first: (kernel head-dim bucket, B_r, B_c, nwarps,
-# wm_sdp, wm_dkv, wm_dq, qstages, dQ tiles). Up to HD = 128 every shape above is also tried
-# with two, then one dQ tile; above, those variants spill registers (8-48 bytes), so only the
-# spill-free ones listed here are used, then the atomics. d 64: one dQ tile, not two (+2-3% at
-# seqlen 4k-16k, bf16 and fp16; at d 128 the two measured the same), and layout 4/4/4 (four
-# warps along the rows of S and dP, as FlashAttention-2 has it) rather than 2/4/4: +0.4-6% at
-# every seqlen, both masks (spill-free only with the kernel's OPAQUE_ROWS). d 160 runs the 192
-# kernel (0.92/0.97x FA2, bf16 n 4096 non-causal/causal; its own atomics kernel: 0.90/0.92x).
-# d 256: one row-block buffer, loaded during the dQ product, is what lets the bulk path fit
-# without spilling (0.86/0.88x FA2 with the atomics -> 1.04/1.10x); d 224 runs that kernel
-# (1.17/1.18x; its own 4/4/4 bulk kernel 1.16/1.16x, the atomics 1.02/1.05x). PERFORMANCE.md
-# has the measurements.
-_BACKWARD_CONFIGS_BULK = {
-    64: [(64, 128, 128, 8, 4, 4, 4, 2, 1)],
-    160: [(192, 64, 64, 8, 4, 2, 2, 1, 1)],
-    192: [(192, 64, 64, 8, 4, 2, 2, 1, 1)],
-    224: [(256, 64, 64, 8, 4, 2, 2, 1, 1)],
-    256: [(256, 64, 64, 8, 4, 2, 2, 1, 1)],
-}
+
+# ---- the tile table ---------------------------------------------------------------------------
+# One table: (GPU class, pass, head-dim bucket, causal) -> tiles in order of preference; the
+# first whose shared memory fits the GPU is used.
+#   GPU classes: "sm90": 227 KB of shared memory per block (H100/H200; bulk copies: the
+#     backward adds dQ by bulk reductions); "sm80": every other sm_80+ GPU (163 KB on A100,
+#     99 KB on sm_86/89/120; dQ by atomics). The compile check builds each class's tiles as
+#     sm_90 and sm_80 code respectively (ARCH_SMEM).
+#   passes: "fwd"; "fwd_short", key sequences of at most SHORT_KEYS[HD] keys (non-causal,
+#     causal), where listed; "bwd".
+# Each tile is spill-free where it is planned (the compile check enforces it) and was the
+# fastest spill-free shape measured on the H200; PERFORMANCE.md has the measurements behind each
+# choice. Some notes on them:
+#   fwd sm90 d 128 non-causal, 128x64x4 with two K/V stages (32 rows per warp, as
+#     FlashAttention-2's d 128 forward): spill-free as sm_90 (ForwardTile::LEAN), but ptxas
+#     spills it as sm_80; causal: 64x128x4 measured faster. d 96: 64x128x4 with two stages
+#     (108 KB: one block per SM on 163 KB GPUs, so only on sm90): +2-6% at 4k-16k.
+#   fwd_short d 64: two K/V stages for short key sequences, where a row block visits few column
+#     blocks and prefetching the next pair hides more of each block's start: non-causal +1-5%
+#     at 512, +1-1.6% at 1024, slower from 2048; causal +4-7% at 512-1024, +2% at 2048.
+#   bwd sm90: bulk dQ with one or two tiles; d 64 in layout 4/4/4 (four warps along the rows
+#     of S and dP, as FlashAttention-2 has it) with one dQ tile; d 160 and 224 run the 192 and
+#     256 kernels (their own were slower or spilled); d 256 with one row-block buffer, loaded
+#     during the dQ product, which is what lets the bulk path fit without spilling. Then the
+#     atomics tiles, for GPUs whose shared memory fits no bulk tile.
+SM90_SMEM = 227 * 1024
+
+
+def _f(HD, *shape):
+    return ForwardConfig(HD, *shape)
+
+
+def _b(HD, *shape):
+    return BackwardConfig(HD, *shape)
+
+
+def _table() -> dict:
+    t = {}
+
+    def put(cls, pass_, HD, causal, tiles):
+        for c in (False, True) if causal is None else (causal,):
+            t[(cls, pass_, HD, c)] = tiles
+
+    # forward: (B_r, B_c, warps, K/V stages)
+    for cls in ("sm80", "sm90"):
+        put(cls, "fwd", 32, None, [_f(32, 128, 64, 4, 2)])
+        put(cls, "fwd", 64, None, [_f(64, 128, 64, 4, 1)])
+        put(cls, "fwd_short", 64, None, [_f(64, 128, 64, 4, 2), _f(64, 128, 64, 4, 1)])
+        put(cls, "fwd", 160, None, [_f(160, 128, 64, 8, 1)])
+        put(cls, "fwd", 192, None, [_f(192, 128, 64, 8, 1)])
+        put(cls, "fwd", 224, None, [_f(224, 128, 32, 8, 1)])
+        put(cls, "fwd", 256, None, [_f(256, 64, 64, 4, 1)])
+    put("sm80", "fwd", 96, None, [_f(96, 128, 64, 4, 2)])
+    put("sm90", "fwd", 96, None, [_f(96, 64, 128, 4, 2), _f(96, 128, 64, 4, 2)])
+    put("sm80", "fwd", 128, None, [_f(128, 64, 128, 4, 1)])
+    put("sm90", "fwd", 128, False, [_f(128, 128, 64, 4, 2), _f(128, 64, 128, 4, 1)])
+    put("sm90", "fwd", 128, True, [_f(128, 64, 128, 4, 1)])
+
+    # backward: (B_r, B_c, warps, WM_SDP, WM_DKV, WM_DQ, row-block buffers, dQ tiles; 0 =
+    # atomics); the head-dim bucket of the kernel first
+    atomics = {
+        32: [_b(32, 128, 128, 8, 4, 8, 8, 2, 0), _b(32, 128, 128, 8, 4, 8, 8, 1, 0)],
+        64: [_b(64, 128, 128, 8, 2, 4, 4, 2, 0), _b(64, 128, 128, 8, 2, 4, 4, 1, 0),
+             _b(64, 64, 128, 8, 2, 4, 2, 1, 0)],
+        96: [_b(96, 64, 128, 8, 4, 4, 4, 2, 0), _b(96, 64, 128, 8, 4, 4, 4, 1, 0),
+             _b(96, 64, 64, 8, 4, 4, 4, 1, 0)],
+        128: [_b(128, 64, 128, 8, 2, 4, 2, 2, 0), _b(128, 64, 128, 8, 2, 4, 2, 1, 0),
+              _b(128, 64, 64, 8, 4, 2, 2, 1, 0)],
+        160: [_b(160, 64, 64, 8, 4, 4, 4, 2, 0), _b(160, 64, 64, 8, 4, 4, 4, 1, 0)],
+        192: [_b(192, 64, 64, 8, 4, 2, 2, 2, 0)],
+        224: [_b(224, 64, 64, 8, 4, 4, 4, 2, 0), _b(224, 64, 64, 8, 4, 4, 4, 1, 0)],
+        256: [_b(256, 64, 64, 8, 2, 2, 2, 2, 0), _b(256, 64, 64, 8, 2, 2, 2, 1, 0)],
+    }
+    bulk = {
+        32: [_b(32, 128, 128, 8, 4, 8, 8, 2, 2), _b(32, 128, 128, 8, 4, 8, 8, 2, 1),
+             _b(32, 128, 128, 8, 4, 8, 8, 1, 2), _b(32, 128, 128, 8, 4, 8, 8, 1, 1)],
+        64: [_b(64, 128, 128, 8, 4, 4, 4, 2, 1),
+             _b(64, 128, 128, 8, 2, 4, 4, 2, 2), _b(64, 128, 128, 8, 2, 4, 4, 2, 1),
+             _b(64, 128, 128, 8, 2, 4, 4, 1, 2), _b(64, 128, 128, 8, 2, 4, 4, 1, 1),
+             _b(64, 64, 128, 8, 2, 4, 2, 1, 2), _b(64, 64, 128, 8, 2, 4, 2, 1, 1)],
+        96: [_b(96, 64, 128, 8, 4, 4, 4, 2, 2), _b(96, 64, 128, 8, 4, 4, 4, 2, 1),
+             _b(96, 64, 128, 8, 4, 4, 4, 1, 2), _b(96, 64, 128, 8, 4, 4, 4, 1, 1),
+             _b(96, 64, 64, 8, 4, 4, 4, 1, 2), _b(96, 64, 64, 8, 4, 4, 4, 1, 1)],
+        128: [_b(128, 64, 128, 8, 2, 4, 2, 2, 2), _b(128, 64, 128, 8, 2, 4, 2, 2, 1),
+              _b(128, 64, 128, 8, 2, 4, 2, 1, 2), _b(128, 64, 128, 8, 2, 4, 2, 1, 1),
+              _b(128, 64, 64, 8, 4, 2, 2, 1, 2), _b(128, 64, 64, 8, 4, 2, 2, 1, 1)],
+        160: [_b(192, 64, 64, 8, 4, 2, 2, 1, 1)],
+        192: [_b(192, 64, 64, 8, 4, 2, 2, 1, 1)],
+        224: [_b(256, 64, 64, 8, 4, 2, 2, 1, 1)],
+        256: [_b(256, 64, 64, 8, 4, 2, 2, 1, 1)],
+    }
+    for HD in HEAD_DIM_BUCKETS:
+        put("sm80", "bwd", HD, None, atomics[HD])
+        put("sm90", "bwd", HD, None, bulk[HD] + atomics[HD])
+    return t
+
+
+TILES = _table()
+
+# fwd_short: the longest key sequence (non-causal, causal) that takes the "fwd_short" tiles.
+SHORT_KEYS = {64: (1024, 4096)}
+
+
+def gpu_class(max_smem_bytes: int) -> str:
+    """The tile table's GPU class of a device allowing `max_smem_bytes` per block."""
+    return "sm90" if max_smem_bytes >= SM90_SMEM else "sm80"
+
+
+def _first_fitting(key, max_smem_bytes: int):
+    for cfg in TILES[key]:
+        if cfg.smem_bytes <= max_smem_bytes:
+            return cfg
+    raise RuntimeError(
+        f"the {key[1]} pass for head dims in bucket {key[2]} needs "
+        f"{TILES[key][-1].smem_bytes // 1024} KB of shared memory per thread block; "
+        f"this GPU allows {max_smem_bytes // 1024} KB (head dims <= 128 fit every sm_80+ GPU)")
+
+
+def forward_short(HD: int, causal: bool, seqlen_k: int | None) -> bool:
+    """Whether a key sequence of `seqlen_k` takes bucket HD's short-sequence tiles."""
+    limits = SHORT_KEYS.get(HD)
+    return bool(limits) and seqlen_k is not None and seqlen_k <= limits[int(bool(causal))]
+
+
+def forward_config(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM,
+                   seqlen_k: int | None = None) -> ForwardConfig:
+    """The forward tile for head-dim bucket HD on a device allowing `max_smem_bytes` of dynamic
+    shared memory per block (for keys of length `seqlen_k`, where given)."""
+    pass_ = "fwd_short" if forward_short(HD, causal, seqlen_k) else "fwd"
+    return _first_fitting((gpu_class(max_smem_bytes), pass_, HD, bool(causal)), max_smem_bytes)
+
+
+def forward_plans(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM) -> list[ForwardConfig]:
+    """Every tile forward_config can pick for bucket HD on such a device: the usual one and,
+    where the bucket has one, the short-key one (distinct, in that order)."""
+    return list(dict.fromkeys(forward_config(HD, causal, max_smem_bytes, n) for n in (None, 1)))
 
 
 def backward_configs(HD: int, bulk: bool = False) -> list[BackwardConfig]:
-    """The shapes for head-dim bucket HD in order of preference. With `bulk` (sm_90+): the
-    listed bulk ones, then (HD <= 128) each shape with two dQ tiles, then with one, and last
-    the atomics (for GPUs whose shared memory fits no bulk variant)."""
-    shapes = _BACKWARD_CONFIGS[HD]
-    atomics = [BackwardConfig(HD, *c) for c in shapes]
-    if not bulk:
-        return atomics
-    listed = [BackwardConfig(*c[:8], dq_bulk=c[8]) for c in _BACKWARD_CONFIGS_BULK.get(HD, [])]
-    derived = [BackwardConfig(HD, *c, dq_bulk=n) for c in shapes for n in (2, 1)] \
-        if HD <= 128 else []
-    return list(dict.fromkeys(listed + derived + atomics))
+    """The backward tiles for head-dim bucket HD in order of preference: with `bulk` (a
+    227 KB sm_90-class GPU) the sm90 row of the table, else the sm80 row (dQ atomics)."""
+    return TILES[("sm90" if bulk else "sm80", "bwd", HD, False)]
 
 
 def backward_config(HD: int, max_smem_bytes: int = 227 * 1024,
                     bulk: bool = False) -> BackwardConfig:
-    """The tile shape for head-dim bucket HD on a device allowing `max_smem_bytes` per block;
-    bulk: the device has the bulk copy engine (sm_90+, see has_bulk_copy)."""
-    configs = backward_configs(HD, bulk)
-    for cfg in configs:
-        if cfg.smem_bytes <= max_smem_bytes:
-            return cfg
-    raise RuntimeError(
-        f"the backward pass for head dims in bucket {HD} needs "
-        f"{configs[-1].smem_bytes // 1024} KB of shared memory per thread block; "
-        f"this GPU allows {max_smem_bytes // 1024} KB (head dims <= 128 fit every sm_80+ GPU)")
-
-
-def has_bulk_copy(compute_capability: int) -> bool:
-    """cp.reduce.async.bulk (the backward's dQ_bulk path) exists from sm_90 on."""
-    return compute_capability >= 90
+    """The backward tile for head-dim bucket HD on a device allowing `max_smem_bytes` per
+    block; bulk: the device has the bulk copy engine (sm_90+, see has_bulk_copy). Only the
+    sm90 class (227 KB) takes bulk tiles; `bulk=False` forces the dQ-atomics tiles."""
+    cls = "sm90" if bulk and gpu_class(max_smem_bytes) == "sm90" else "sm80"
+    return _first_fitting((cls, "bwd", HD, False), max_smem_bytes)
 
 
 def config_from_shape(which: str, d: int, shape: str, bulk: bool = False):
@@ -415,36 +427,10 @@ ARCH_SMEM = {"80": (99 * 1024, 163 * 1024), "90": (227 * 1024,)}
 
 
 def _planned(arch: str) -> list[tuple[str, str, object]]:
-    """(kernel file, name expression, tile config or None) of every kernel the package may
-    launch on a GPU of architecture class `arch` ("80" or "90", see ARCH_SMEM): the tile the
-    planner picks for each shared-memory size of that class."""
-    smems, bulk = ARCH_SMEM[arch], has_bulk_copy(int(arch))
-    specs = []
-    for dtype_name in ELEMENT_TAGS:
-        for HD in HEAD_DIM_BUCKETS:
-            for causal in (False, True):
-                for smem in smems:
-                    specs += [(FORWARD_FILE, forward_kernel_name(dtype_name, cfg, causal), cfg)
-                              for cfg in forward_plans(HD, causal, smem)]
-        specs.append((BACKWARD_FILE, backward_preprocess_name(dtype_name), None))
-        for HD in BACKWARD_HEAD_DIM_BUCKETS:
-            for smem in smems:
-                try:
-                    cfg = backward_config(HD, smem, bulk)
-                except RuntimeError:  # does not fit this class: backward() raises there
-                    continue
-                for causal in (False, True):
-                    for ordered in (False, True) if cfg.dq_bulk else (False,):
-                        specs.append((BACKWARD_FILE,
-                                      backward_kernel_name(dtype_name, cfg, causal, ordered), cfg))
-                    specs.append((BACKWARD_FILE, backward_dq_name(dtype_name, cfg, causal), cfg))
-        for HD in HEAD_DIM_BUCKETS:
-            for smem in smems:  # the FA1 plan depends on the GPU's shared memory
-                cfg = fa1_config(HD, smem)
-                for causal in (False, True):
-                    specs.append((FA1_FILE, fa1_kernel_name(dtype_name, cfg, causal), cfg))
-        specs.append((FA1_FILE, fa1_finalize_name(dtype_name), None))
-    return specs
+    """(kernel file, name expression, tile or None) of every kernel the registered variants
+    (cuflash/_registry.py) may launch on a GPU of architecture class `arch`."""
+    from . import _registry
+    return _registry.specialisations(arch)
 
 
 def all_specialisations(arch: str | None = None) -> list[tuple[str, str]]:

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from gpu_helpers import assert_accurate, assert_lse, poisoned, rand
 
-from cuflash import _api, _loader, _plan, reference
+from cuflash import _api, _loader, _plan, _registry, reference
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="CuPy not installed")
@@ -311,7 +311,7 @@ def test_gqa_backward_both_ways(b, sk, h, hk, deterministic):
             again = cuflash.backward(dout, q, k, v, out, lse, causal=causal, deterministic=True)
             assert all(bool((a == x).all()) for a, x in zip(first, again))
     T_c = -(-sk // _plan.backward_config(64, _api._max_smem(cp, 0), True).B_c)
-    parts = _api._head_parts(h // hk, T_c * hk * b, sms)
+    parts = _registry.head_parts(h // hk, T_c * hk * b, sms)
     assert parts == (1 if sk == 4096 else h // hk)  # (both paths are exercised)
 
 

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cuflash import _api, _plan
+from cuflash import _api, _plan, _registry
 
 BF16 = ml_dtypes.bfloat16
 
@@ -119,13 +119,13 @@ def test_backward_grid_by_mode():
     """One block per column block (T_c, heads, batch); split slices (splits, heads, batch);
     ordered dQ additions without the mask (heads, batch, T_c), whose T_c is a grid z limit that
     gets a clear error instead of a failed launch."""
-    assert _api._backward_grid(40, 16, 2, False, False) == (40, 16, 2)
-    assert _api._backward_grid(40, 16, 2, True, False, splits=5) == (5, 16, 2)
-    assert _api._backward_grid(40, 16, 2, True, True) == (40, 16, 2)
-    assert _api._backward_grid(40, 16, 2, False, True) == (16, 2, 40)
-    assert _api._backward_grid(70000, 1, 1, True, True) == (70000, 1, 1)
+    assert _registry.backward_grid(40, 16, 2, False, False) == (40, 16, 2)
+    assert _registry.backward_grid(40, 16, 2, True, False, splits=5) == (5, 16, 2)
+    assert _registry.backward_grid(40, 16, 2, True, True) == (40, 16, 2)
+    assert _registry.backward_grid(40, 16, 2, False, True) == (16, 2, 40)
+    assert _registry.backward_grid(70000, 1, 1, True, True) == (70000, 1, 1)
     with pytest.raises(ValueError, match="at most 65535 key blocks"):
-        _api._backward_grid(70000, 1, 1, False, True)
+        _registry.backward_grid(70000, 1, 1, False, True)
 
 
 def test_backward_tile_pitch():
@@ -301,20 +301,20 @@ def test_deterministic_split_scratch_is_bounded():
     max(2 x dQ, 64 MiB) (it was up to 16 copies: 1 GiB for a 32 MiB q)."""
     cfg = _plan.BackwardConfig(128, 64, 128, 8, 2, 4, 2, 2)
     slice_bytes = 4 * 32768 * 128 * 4                 # b x h = 4, seqlen 32k, d 128
-    splits = _api._deterministic_splits(108, 256, 4, cfg, 32768, slice_bytes, False)
+    splits = _registry.deterministic_splits(108, 256, 4, cfg, 32768, slice_bytes, False)
     assert 1 <= splits <= 2
     small = 1 * 2 * 1024 * 128 * 4                     # 1 MiB: many slices are allowed
-    assert _api._deterministic_splits(108, 8, 2, cfg, 1024, small, False) > 2
+    assert _registry.deterministic_splits(108, 8, 2, cfg, 1024, small, False) > 2
 
 
 def test_gqa_head_parts():
     """GQA backward: one part per kv head (no float32 dK/dV copies) unless that leaves SMs
     idle; then the smallest divisor of the group that fills them."""
-    assert _api._head_parts(4, 32 * 8 * 4, 132) == 1    # 32 kv blocks x 8 kv heads x batch 4
-    assert _api._head_parts(8, 1, 132) == 8
-    assert _api._head_parts(6, 30, 132) == 6
-    assert _api._head_parts(6, 50, 132) == 3
-    assert _api._head_parts(1, 1, 132) == 1
+    assert _registry.head_parts(4, 32 * 8 * 4, 132) == 1    # 32 kv blocks x 8 kv heads x batch 4
+    assert _registry.head_parts(8, 1, 132) == 8
+    assert _registry.head_parts(6, 30, 132) == 6
+    assert _registry.head_parts(6, 50, 132) == 3
+    assert _registry.head_parts(1, 1, 132) == 1
 
 
 def test_no_gpu_messages(monkeypatch):

@@ -1,0 +1,206 @@
+"""The kernel variants cuflash can launch, each declared once.
+
+A variant says where its source is, which parameter struct its kernels take, how a tile is
+planned for a problem (the planner's tile table, cuflash/_plan.py), which kernels (template
+specialisations) a plan launches, their grids, and their shared memory. ``forward``,
+``backward``, ``precompile`` and the compile check all iterate :data:`VARIANTS`; a new kernel
+family (the Hopper forward and backward, the decode path) is a new entry here.
+
+The grid and split heuristics that depend on the GPU's size (SM count) live here too, beside
+the kernels they shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import _params, _plan
+
+_GRID_YZ_MAX = 65535  # CUDA limit on gridDim.y / gridDim.z
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One launch plan: a tile and the kernels (name expressions, by role) it launches."""
+
+    cfg: object            # the tile (a _plan config dataclass)
+    kernels: dict          # role -> name expression, e.g. {"main": "cuflash::fa2_forward<...>"}
+    smem: dict             # role -> dynamic shared memory in bytes
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    source: str                    # file in kernels/
+    params: _params.Struct         # the struct its kernels take
+    arch_classes: tuple            # compile-check classes it is built for ("80", "90")
+    # plans(dtype_name, HD, causal, max_smem, bulk) -> every Plan a device of that shared
+    # memory (and bulk copy engine) may launch for that bucket and mask
+    plans: Callable[..., list]
+
+
+# ---- FA2 forward ---------------------------------------------------------------------------
+
+def _fa2_forward_plan(dtype_name: str, cfg, causal: bool) -> Plan:
+    return Plan(cfg, {"main": _plan.forward_kernel_name(dtype_name, cfg, causal)},
+                {"main": cfg.smem_bytes})
+
+
+def fa2_forward_plan(dtype_name: str, HD: int, causal: bool, max_smem: int,
+                     seqlen_k: int | None = None, config=None) -> Plan:
+    """The forward's plan for keys of length seqlen_k (config: an explicit tile)."""
+    cfg = config or _plan.forward_config(HD, causal, max_smem, seqlen_k)
+    return _fa2_forward_plan(dtype_name, cfg, causal)
+
+
+def fa2_forward_grid(cfg, seqlen_q: int, nheads: int, batch: int) -> tuple:
+    """(row blocks, heads, batch): one thread block per row block of B_r query rows."""
+    return ((seqlen_q + cfg.B_r - 1) // cfg.B_r, nheads, batch)
+
+
+FA2_FORWARD = Variant(
+    "fa2_forward", _plan.FORWARD_FILE, _params.FWD, ("80", "90"),
+    lambda dt, HD, causal, smem, bulk: [_fa2_forward_plan(dt, cfg, causal)
+                                        for cfg in _plan.forward_plans(HD, causal, smem)])
+
+
+# ---- FA1 forward ---------------------------------------------------------------------------
+
+def fa1_forward_plan(dtype_name: str, HD: int, causal: bool, max_smem: int) -> Plan:
+    cfg = _plan.fa1_config(HD, max_smem)
+    return Plan(cfg, {"main": _plan.fa1_kernel_name(dtype_name, cfg, causal),
+                      "finalize": _plan.fa1_finalize_name(dtype_name)},
+                {"main": cfg.smem_bytes, "finalize": 0})
+
+
+def fa1_forward_grids(seqlen_q: int, d: int, nheads: int, batch: int) -> dict:
+    """main: one thread block per (head, batch), as FA1 did; finalize: one thread per 8
+    elements of O."""
+    return {"main": (nheads, batch, 1),
+            "finalize": ((seqlen_q * (d // 8) + 127) // 128, nheads, batch)}
+
+
+FA1_FORWARD = Variant(
+    "fa1_forward", _plan.FA1_FILE, _params.FWD, ("80", "90"),
+    lambda dt, HD, causal, smem, bulk: [fa1_forward_plan(dt, HD, causal, smem)])
+
+
+# ---- FA2 backward --------------------------------------------------------------------------
+
+def fa2_backward_plan(dtype_name: str, HD: int, causal: bool, max_smem: int, bulk: bool,
+                      ordered: bool = False, config=None) -> Plan:
+    """The backward's three kernels. ordered: the deterministic mode's kernel with ordered dQ
+    additions (tiles with bulk dQ only)."""
+    cfg = config or _plan.backward_config(HD, max_smem, bulk)
+    return Plan(cfg, {"pre": _plan.backward_preprocess_name(dtype_name),
+                      "main": _plan.backward_kernel_name(dtype_name, cfg, causal, ordered),
+                      "dq": _plan.backward_dq_name(dtype_name, cfg, causal)},
+                {"pre": 0, "main": cfg.smem_bytes, "dq": 0})
+
+
+def _fa2_backward_plans(dt, HD, causal, smem, bulk) -> list:
+    try:
+        cfg = _plan.backward_config(HD, smem, bulk)
+    except RuntimeError:  # does not fit this GPU: backward() raises there
+        return []
+    return [fa2_backward_plan(dt, HD, causal, smem, bulk, ordered)
+            for ordered in ((False, True) if cfg.dq_bulk else (False,))]
+
+
+FA2_BACKWARD = Variant("fa2_backward", _plan.BACKWARD_FILE, _params.BWD, ("80", "90"),
+                       _fa2_backward_plans)
+
+
+def backward_preprocess_grid(seqlen_q: int, lanes: int, nheads: int, batch: int) -> tuple:
+    """D = rowsum(dO o O): `lanes` lanes per query row, 128 threads per block."""
+    return ((seqlen_q + 128 // lanes - 1) // (128 // lanes), nheads, batch)
+
+
+def backward_dq_grid(cfg, seqlen_q: int, d: int, nheads: int, batch: int) -> tuple:
+    """The dQ pass: one thread per 4 floats of a fragment (bulk dQ layout) or per 8 elements
+    of a row (atomics layout)."""
+    if cfg.dq_bulk:
+        T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
+        return ((T_r * cfg.B_r * cfg.HD // 4 + 127) // 128, nheads, batch)
+    return ((seqlen_q * (d // 8) + 127) // 128, nheads, batch)
+
+
+def backward_grid(T_c: int, grid_heads: int, batch: int, causal: bool, ordered: bool,
+                  splits: int = 0) -> tuple:
+    """The FA2 backward kernel's grid: (T_c, grid_heads, batch), one block per column block, or
+    (splits, grid_heads, batch) with split slices; with ordered dQ additions and no causal mask,
+    (grid_heads, batch, T_c), so that block x of every (batch, head) starts before any block
+    x + 1 (fa2_backward.cu, "Deterministic mode"). grid_heads = kv heads x head parts."""
+    if ordered and not causal:
+        if T_c > _GRID_YZ_MAX:
+            raise ValueError(f"deterministic=True without the causal mask handles at most "
+                             f"{_GRID_YZ_MAX} key blocks ({T_c} here): use shorter key "
+                             f"sequences, causal=True, or deterministic=False")
+        return (grid_heads, batch, T_c)
+    return (splits or T_c, grid_heads, batch)
+
+
+def head_parts(group: int, blocks_per_part: int, sms: int) -> int:
+    """How many parts the query heads of each kv head are split into in the backward (each
+    part a thread block per column block, summing its heads into dK_j, dV_j in registers): 1,
+    so that no float32 copy of dK, dV is needed, unless that gives fewer blocks than the GPU
+    has SMs; then the smallest divisor of the group that fills them (its float32 slices, one
+    per part, are summed after the kernel)."""
+    for parts in range(1, group + 1):
+        if group % parts == 0 and blocks_per_part * parts >= sms:
+            return parts
+    return group
+
+
+# The deterministic mode's split slices of float32 dQ take at most this many bytes beyond
+# twice the float32 dQ (see deterministic_splits).
+SPLIT_SCRATCH_FLOOR = 64 << 20
+
+
+def deterministic_splits(sms: int, T_c: int, bh: int, cfg, rows_per_bh: int,
+                         slice_bytes: int, causal: bool) -> int:
+    """Thread blocks per (batch, kv head) in deterministic mode with dQ atomics (sm_80-89).
+
+    Block x of a (batch, kv head) takes T_c / splits column blocks in turn, so the compute time
+    goes as (waves of blocks) x (column blocks per block): ceil(bh * splits / SMs) *
+    ceil(T_c / splits), one block per SM (the default mode runs ceil(bh * T_c / SMs) waves of
+    one column block each). Each split also costs one float32 copy of dQ (`slice_bytes`),
+    written once and read once, and the copies together may take at most
+    max(2 x slice_bytes, 64 MiB). The split count with the lowest estimate, at most 16; the
+    estimate takes a column block at ~1.6 TFLOP/s per SM (2.5 forward-sized matmuls of
+    B_c x rows_per_bh x HD, half of them under a causal mask) and memory at ~3 TB/s."""
+    block_s = 2.5 * 4 * cfg.B_c * rows_per_bh * cfg.HD * (0.5 if causal else 1.0) / 1.6e12
+    slice_s = 2 * slice_bytes / 3e12
+    limit = max(2, min(16, max(2 * slice_bytes, SPLIT_SCRATCH_FLOOR) // max(1, slice_bytes)))
+    best_cost, best = None, 1
+    for splits in range(1, min(T_c, limit) + 1):
+        cost = -(-bh * splits // sms) * -(-T_c // splits) * block_s + splits * slice_s
+        if best_cost is None or cost < best_cost:
+            best_cost, best = cost, splits
+    return best
+
+
+# ---- the registry ------------------------------------------------------------------------------
+
+VARIANTS = (FA2_FORWARD, FA2_BACKWARD, FA1_FORWARD)
+
+
+def specialisations(arch: str, variants=VARIANTS) -> list[tuple[str, str, object]]:
+    """(kernel file, name expression, tile or None) of every kernel the variants may launch
+    on a GPU of compile-check class `arch` ("80" or "90", _plan.ARCH_SMEM): the plans for each
+    shared-memory size of that class, every dtype, head-dim bucket and mask."""
+    smems, bulk = _plan.ARCH_SMEM[arch], _plan.has_bulk_copy(int(arch))
+    out = []
+    for variant in variants:
+        if arch not in variant.arch_classes:
+            continue
+        for dt in _plan.ELEMENT_TAGS:
+            for HD in _plan.HEAD_DIM_BUCKETS:
+                for causal in (False, True):
+                    for smem in smems:
+                        for plan in variant.plans(dt, HD, causal, smem, bulk):
+                            for role, name in plan.kernels.items():
+                                out.append((variant.source, name,
+                                            plan.cfg if plan.smem[role] else None))
+    return list(dict.fromkeys(out))

@@ -1,0 +1,217 @@
+"""CPU: the host path of forward, backward and FA1 with a stand-in for CuPy and the driver.
+
+CI has no GPU, so the GPU tests cannot run there; these run the Python between the argument
+checks and the driver call: planning, scratch allocation, packing each kernel's parameter
+struct, grids and launches. Every launch must pack its struct in full (a field the host forgot
+is a TypeError from the generated packer) with the planned tile, grid and shared memory, and
+the pointers must be the arrays' own."""
+
+import struct
+import types
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cuflash import _api, _loader, _params, _plan, _registry
+
+BF16 = ml_dtypes.bfloat16
+
+
+class _Mem:
+    def __init__(self, ptr):
+        self.ptr, self.device_id = ptr, 0
+
+
+class FakeArray:
+    """What cuflash reads of a cupy.ndarray, over a NumPy array, at a fake device address."""
+    _next = [1 << 32]
+
+    def __init__(self, a, ptr=None):
+        self.a = a
+        if ptr is None:
+            ptr = FakeArray._next[0]
+            FakeArray._next[0] += (a.nbytes + 511) // 256 * 256 + 256
+        self.data = _Mem(ptr)
+
+    shape = property(lambda self: self.a.shape)
+    strides = property(lambda self: self.a.strides)
+    dtype = property(lambda self: self.a.dtype)
+    itemsize = property(lambda self: self.a.itemsize)
+    size = property(lambda self: self.a.size)
+    ndim = property(lambda self: self.a.ndim)
+    flags = property(lambda self: self.a.flags)
+
+    def copy(self):
+        return FakeArray(self.a.copy())
+
+    def fill(self, value):
+        self.a.fill(value)
+
+    def transpose(self, *axes):
+        return FakeArray(self.a.transpose(*axes), self.data.ptr)
+
+    def __getitem__(self, i):  # (only whole leading slices: the address moves with them)
+        sub = self.a[i]
+        return FakeArray(sub, self.data.ptr + (sub.__array_interface__["data"][0] -
+                                               self.a.__array_interface__["data"][0]))
+
+    def __setitem__(self, i, value):
+        self.a[i] = value.a if isinstance(value, FakeArray) else value
+
+    def sum(self, axis):
+        return FakeArray(self.a.sum(axis=axis))
+
+
+def _fake_cupy(sms=132, smem=227 * 1024, cc=90):
+    cp = types.SimpleNamespace()
+    cp.ndarray = FakeArray
+    cp.float32, cp.int32 = np.float32, np.int32
+    cp.empty = lambda shape, dtype=np.float32: FakeArray(np.empty(shape, dtype))
+    cp.zeros = lambda shape, dtype=np.float32: FakeArray(np.zeros(shape, dtype))
+    cp.full = lambda shape, value, dtype=np.float32: FakeArray(np.full(shape, value, dtype))
+    props = {"multiProcessorCount": sms, "sharedMemPerBlockOptin": smem, "major": cc // 10,
+             "minor": cc % 10}
+
+    class Device:
+        def __init__(self, i=0):
+            self.id, self.compute_capability = i, str(cc)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    cuda = types.SimpleNamespace(
+        Device=Device, is_available=lambda: True,
+        get_current_stream=lambda: types.SimpleNamespace(ptr=7),
+        runtime=types.SimpleNamespace(getDevice=lambda: 0,
+                                      getDeviceProperties=lambda i: props))
+    cp.cuda = cuda
+    return cp
+
+
+class FakeKernel:
+    def __init__(self, name):
+        self.name, self.max_dynamic_shared_size_bytes = name, 48 * 1024
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """A stand-in CuPy and launcher; returns the list of launches (name, grid, block, smem,
+    the packed struct as {member: value})."""
+    launches = []
+
+    class Launcher:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __call__(self, grid, block, smem, stream, params):
+            assert smem <= self.kernel.max_dynamic_shared_size_bytes or smem <= 48 * 1024
+            values = {}
+            for name, ctype, _, off in params.struct.members:
+                fmt = "<Q" if "*" in ctype else "<q" if ctype == "long long" else \
+                    "<i" if ctype == "int" else "<f"
+                values[name] = struct.unpack_from(fmt, params.buf, off)[0]
+            launches.append((self.kernel.name, tuple(grid), block, smem, values))
+
+    cp = _fake_cupy()
+    monkeypatch.setattr(_api, "_cupy", lambda: cp)
+    monkeypatch.setattr(_loader, "get_kernel", lambda f, name, options=(): FakeKernel(name))
+    monkeypatch.setattr(_loader, "Launcher", Launcher)
+    for cache in ("_forward_launches", "_backward_launches", "_fa1_launches"):
+        monkeypatch.setattr(_api, cache, {})
+    monkeypatch.setattr(_api, "_properties", {})
+    monkeypatch.setattr(_api, "_capable_devices", set())
+    return launches
+
+
+def _qkv(b, sq, sk, h, hk, d, dtype=np.float16):
+    rng = np.random.default_rng(0)
+    return (FakeArray(rng.standard_normal((b, sq, h, d)).astype(dtype)),
+            FakeArray(rng.standard_normal((b, sk, hk, d)).astype(dtype)),
+            FakeArray(rng.standard_normal((b, sk, hk, d)).astype(dtype)))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d,sk", [(64, 700), (64, 5000), (128, 300), (96, 1000)])
+def test_forward_packs_every_field_and_plans_the_grid(fake, causal, d, sk):
+    q, k, v = _qkv(2, 333, sk, 8, 2, d)
+    out, lse = _api.forward(q, k, v, causal=causal)
+    ((name, grid, block, smem, p),) = fake
+    cfg = _plan.forward_config(_plan.head_dim_bucket(d), causal, 227 * 1024, sk)
+    assert name == _plan.forward_kernel_name("float16", cfg, causal)
+    assert grid == (-(-333 // cfg.B_r), 8, 2) and block == cfg.threads and smem == cfg.smem_bytes
+    assert (p["q"], p["k"], p["v"], p["o"], p["lse"]) == \
+        (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr)
+    assert (p["seqlen_q"], p["seqlen_k"], p["d"], p["group"]) == (333, sk, d, 4)
+    assert p["q_stride_s"] == 8 * d and p["k_stride_b"] == sk * 2 * d and p["o_stride_h"] == d
+    assert p["softmax_scale"] == pytest.approx(d ** -0.5)
+    assert p["scale_log2"] == pytest.approx(d ** -0.5 * np.log2(np.e), rel=1e-6)
+
+
+def test_fa1_launches_main_and_finalize_on_one_struct(fake):
+    q, k, v = _qkv(1, 200, 300, 4, 4, 128, BF16)
+    out, lse = _api.forward(q, k, v, causal=True, algorithm="fa1")
+    (main, fin) = fake
+    cfg = _plan.fa1_config(128, 227 * 1024)
+    assert main[0] == _plan.fa1_kernel_name("bfloat16", cfg, True)
+    assert main[1] == (4, 1, 1) and main[3] == cfg.smem_bytes
+    assert fin[0] == _plan.fa1_finalize_name("bfloat16") and fin[3] == 0
+    for p in (main[4], fin[4]):
+        assert p["o"] == out.data.ptr and p["lse"] == lse.data.ptr and p["o_accum"] != 0
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("batch,n,parts", [(4, 4096, 1), (2, 1000, 4)])
+def test_backward_packs_one_struct_for_its_three_kernels(fake, causal, deterministic, batch,
+                                                          n, parts):
+    """32 kv column blocks x 2 kv heads x batch 4 fill the SMs: one part per kv head, dK and
+    dV written by the kernel; 8 x 2 x 2 do not: the group of 4 in 4 parts, float32 slices."""
+    q, k, v = _qkv(batch, n, n, 8, 2, 128)
+    dout, out = FakeArray(np.ones(q.shape, np.float16)), FakeArray(np.ones(q.shape, np.float16))
+    lse = FakeArray(np.zeros((batch, 8, n), np.float32))
+    dq, dk, dv = _api.backward(dout, q, k, v, out, lse, causal=causal,
+                               deterministic=deterministic)
+    pre, main, fin = fake
+    cfg = _plan.backward_config(128, 227 * 1024, True)
+    ordered = deterministic
+    assert main[0] == _plan.backward_kernel_name("float16", cfg, causal, ordered)
+    assert fin[0] == _plan.backward_dq_name("float16", cfg, causal)
+    T_c = -(-n // cfg.B_c)
+    assert main[1] == _registry.backward_grid(T_c, 2 * parts, batch, causal, ordered)
+    assert main[3] == cfg.smem_bytes
+    assert pre[4] == main[4] == fin[4]  # one packing
+    p = main[4]
+    assert (p["q"], p["dout"], p["o"], p["lse"]) == \
+        (q.data.ptr, dout.data.ptr, out.data.ptr, lse.data.ptr)
+    assert p["dq"] == dq.data.ptr
+    assert ((p["dk"], p["dv"]) == (dk.data.ptr, dv.data.ptr)) == (parts == 1)
+    assert (p["nheads"], p["group"], p["head_parts"], p["deterministic"]) == \
+        (8, 4, parts, int(deterministic))
+    assert (p["dq_order"] != 0) == ordered and p["dq_accum_cols"] == cfg.HD
+
+
+def test_backward_with_dq_atomics_and_splits(fake, monkeypatch):
+    """sm_80's path (no bulk copies, 163 KB): the deterministic mode's split slices."""
+    cp = _fake_cupy(sms=108, smem=163 * 1024, cc=80)
+    monkeypatch.setattr(_api, "_cupy", lambda: cp)
+    q, k, v = _qkv(1, 2000, 2000, 4, 4, 64)
+    dout, out = FakeArray(np.ones(q.shape, np.float16)), FakeArray(np.ones(q.shape, np.float16))
+    lse = FakeArray(np.zeros((1, 4, 2000), np.float32))
+    _api.backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+    pre, main, fin = fake
+    cfg = _plan.backward_config(64, 163 * 1024, False)
+    assert cfg.dq_bulk == 0 and main[0] == _plan.backward_kernel_name("float16", cfg, True)
+    p = main[4]
+    assert p["splits"] >= 1 and main[1][0] == p["splits"] and p["dq_order"] == 0
+    assert fin[1] == _registry.backward_dq_grid(cfg, 2000, 64, 4, 1)
+
+
+def test_registry_lists_every_variant_source():
+    assert {v.source for v in _registry.VARIANTS} == \
+        {_plan.FORWARD_FILE, _plan.BACKWARD_FILE, _plan.FA1_FILE}
+    for v in _registry.VARIANTS:
+        assert v.params in (_params.FWD, _params.BWD)
