@@ -116,7 +116,7 @@ FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
     Field("seqlen_q", "i32", "query rows per batch entry"),
     Field("seqlen_k", "i32", "key rows per batch entry"),
     Field("d", "i32", "head dim (a multiple of 8, at most the kernel's bucket)"),
-    Field("group", "i32", "query heads per kv head (query head h reads kv head h / group)"),
+    Field("group", "i32", "query heads per kv head (head h reads kv head h / group)"),
     Field("softmax_scale", "f32", "scale of S = Q K^T"),
     Field("scale_log2", "f32", "softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)"),
 ])

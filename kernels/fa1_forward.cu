@@ -62,7 +62,7 @@ fa1_forward(const FwdParams p) {
     const int head_k = head / p.group;
     const SeqInfo seq = seq_info(p, batch);  // this batch entry's rows
     const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k, d = p.d;
-    const MaskT mask(seqlen_q, seqlen_k);
+    const MaskT mask(p, seqlen_q, seqlen_k);
     const int chunks = d / 8;
     const long long q_stride_s = p.q_stride_s, k_stride_s = p.k_stride_s, v_stride_s = p.v_stride_s;
     const elem_t* q = p.q + seq.q_offset(p.q_stride_b, q_stride_s) + head * p.q_stride_h;

@@ -343,7 +343,7 @@ fa2_backward(const BwdParams p) {
         return ((long long)batch * nheads + head) * ((seqlen_q + B_r - 1) / B_r) + i;
     };
     auto dq_rank = [&](int i, int j) {  // column block j's turn among those that see row block i
-        return column_blocks<B_r, B_c>(MaskT(seqlen_q, seqlen_k), i).end - 1 - j;
+        return column_blocks<B_r, B_c>(MaskT(p, seqlen_q, seqlen_k), i).end - 1 - j;
     };
     auto await_turn = [&](int i, int j) {
         if (ORDERED && tid == 0)
@@ -406,9 +406,9 @@ fa2_backward(const BwdParams p) {
         const int col0 = j * B_c;  // first key of K_j
         // The row blocks that see column block j (OPAQUE_ROWS tiles recompute the range where
         // it is used rather than hold it in two registers).
-        const RowBlocks rb_j = row_blocks<B_r, B_c>(MaskT(seqlen_q, seqlen_k), j);
+        const RowBlocks rb_j = row_blocks<B_r, B_c>(MaskT(p, seqlen_q, seqlen_k), j);
         auto rb = [&] {
-            return OPAQUE_ROWS ? row_blocks<B_r, B_c>(MaskT(opaque(seqlen_q), opaque(seqlen_k)),
+            return OPAQUE_ROWS ? row_blocks<B_r, B_c>(MaskT(p, opaque(seqlen_q), opaque(seqlen_k)),
                                                       opaque(j))
                                : rb_j;
         };
@@ -471,7 +471,8 @@ fa2_backward(const BwdParams p) {
             const int l8 = lane_id() / 4, r_lane = s_m * Tile::S_MW + l8;
             const int st_base = r_lane * B_c + (lane_id() % 4) * 2;
             auto st_offset = [&](int mt, int e2, int nt) {
-                return st_base + (mt * 16 + e2 * 8) * B_c + (((s_n * Tile::S_NW / 8 + nt) ^ l8) * 8);
+                return st_base + (mt * 16 + e2 * 8) * B_c +
+                       (((s_n * Tile::S_NW / 8 + nt) ^ l8) * 8);
             };
 
             // S_ij = Q_i K_j^T, then P_ij = exp(scale S_ij - L_i) (0 where masked), stored to
@@ -491,7 +492,8 @@ fa2_backward(const BwdParams p) {
                     const float l2 = sL[buf * B_r + r] * LOG2E;
                     // the keys row r sees (mask.cuh), counted from this lane's first column
                     const int lane_col = col0 + s_n * Tile::S_NW + (lane_id() % 4) * 2;
-                    const KeyRange keys = MaskT(seqlen_q, seqlen_k).keys(row0 + r).from(lane_col);
+                    const KeyRange keys =
+                        MaskT(p, seqlen_q, seqlen_k).keys(row0 + r).from(lane_col);
 #pragma unroll
                     for (int nt = 0; nt < S_NT; ++nt) {
                         float pe[2];  // P_ij at columns lane_col + nt * 8 + e1
@@ -681,8 +683,8 @@ fa2_backward(const BwdParams p) {
                     load_row_block(i + 1, buf ^ 1, ROW_QLD);
                     cp_async_commit();
                 }
-                if (block_needs_mask<B_r, B_c>(MaskT(rows_opaque(seqlen_q), rows_opaque(seqlen_k)),
-                                               i, j) ||
+                if (block_needs_mask<B_r, B_c>(
+                        MaskT(p, rows_opaque(seqlen_q), rows_opaque(seqlen_k)), i, j) ||
                     (i + 1) * B_r > seqlen_q)
                     step(i, buf, Bool<true>{});
                 else
@@ -804,7 +806,7 @@ fa2_backward_dq_bulk(const BwdParams p) {
     const float* src = p.dq_accum + ((long long)batch * nheads + head) * T_r * FRAGS * 4 + f * 4;
     // (without a mask that hides keys from whole row blocks, every row block is written)
     const bool written = !p.deterministic || !MaskT::CAUSAL ||
-                         column_blocks<B_r, B_c>(MaskT(seqlen_q, seqlen_k), i).end > 0;
+                         column_blocks<B_r, B_c>(MaskT(p, seqlen_q, seqlen_k), i).end > 0;
     const Float4 v = written ? *reinterpret_cast<const Float4*>(src) : Float4{0.f, 0.f, 0.f, 0.f};
     const float acc[4] = {v.x, v.y, v.z, v.w};
     elem_t* out = p.dq + seq_info(p, batch).q_offset(p.dq_stride_b, p.dq_stride_s) +

@@ -62,8 +62,8 @@ struct ForwardTile {
     static constexpr int KS_PV = B_c / 16;         // k16 steps of P~_ij V_j
     // Where the O~_i and S_ij accumulators take 192 of the 255 registers or more (d = 128 at
     // 32 rows per warp), the row sums and the loop bounds leave the registers (the softmax's
-    // l_own, softmax.cuh, and s_bounds in the kernel). Only there: elsewhere the extra shuffles and shared-memory loads
-    // cost 5-10% (measured at d 32-96).
+    // l_own, softmax.cuh, and s_bounds in the kernel). Only there: elsewhere the extra
+    // shuffles and shared-memory loads cost 5-10% (measured at d 32-96).
     static constexpr bool LEAN = MT * (NT_O + NT_S) * 4 >= 192;
     // LEAN tiles also (each measured on the H200 d 128 tile, two K/V stages, against FA2:
     // both together +2-4%; on the other tiles the lazy rescaling's branch cost 3-10%):
@@ -147,7 +147,7 @@ fa2_forward(const FwdParams p) {
     const int head_k = head / p.group;
     const SeqInfo seq = seq_info(p, batch);  // this batch entry's rows
     const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
-    const MaskT mask(seqlen_q, seqlen_k);
+    const MaskT mask(p, seqlen_q, seqlen_k);
     const Score score(p);
     const int row0 = row_block * B_r;  // first query row of Q_i
     const int chunks = p.d / 8;        // 16-byte chunks of real data per row

@@ -20,7 +20,9 @@ struct KeyRange {
     int lo, hi;
     // The same range with key `origin` as 0 (an element mask compares compile-time offsets
     // within a fragment against it).
-    __device__ __forceinline__ KeyRange from(int origin) const { return {lo - origin, hi - origin}; }
+    __device__ __forceinline__ KeyRange from(int origin) const {
+        return {lo - origin, hi - origin};
+    }
 };
 
 template <bool CAUSAL_, bool LOCAL_ = false>
@@ -29,7 +31,10 @@ struct Mask {
     static_assert(!LOCAL, "local (sliding-window) masks are not implemented yet");
     int seqlen_q, seqlen_k;
 
-    __device__ __forceinline__ Mask(int seqlen_q_, int seqlen_k_)
+    // The mask of one batch entry (its lengths, from SeqInfo); the kernel's parameter struct
+    // will carry the mask's own parameters (a window's sizes), read here and nowhere else.
+    template <class Params>
+    __device__ __forceinline__ Mask(const Params& /*p*/, int seqlen_q_, int seqlen_k_)
         : seqlen_q(seqlen_q_), seqlen_k(seqlen_k_) {}
 
     // The keys query row `row` sees.

@@ -31,7 +31,7 @@ struct FwdParams {
     int seqlen_q;                   // query rows per batch entry
     int seqlen_k;                   // key rows per batch entry
     int d;                          // head dim (a multiple of 8, at most the kernel's bucket)
-    int group;                      // query heads per kv head (query head h reads kv head h / group)
+    int group;                      // query heads per kv head (head h reads kv head h / group)
     float softmax_scale;            // scale of S = Q K^T
     float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
 };

@@ -15,11 +15,13 @@ struct SeqInfo {
 
     // Element offset of the entry's row 0 in a query-side tensor (Q, O, dO, dQ) with batch
     // stride stride_b and row stride stride_s.
-    __device__ __forceinline__ long long q_offset(long long stride_b, long long /*stride_s*/) const {
+    __device__ __forceinline__ long long q_offset(long long stride_b,
+                                                  long long /*stride_s*/) const {
         return batch * stride_b;
     }
     // The same in a key-side tensor (K, V, dK, dV).
-    __device__ __forceinline__ long long k_offset(long long stride_b, long long /*stride_s*/) const {
+    __device__ __forceinline__ long long k_offset(long long stride_b,
+                                                  long long /*stride_s*/) const {
         return batch * stride_b;
     }
     // Element offset of (the entry, head, row 0) in a float32 row vector (batch, heads,
