@@ -103,16 +103,20 @@ class Struct:
 
 
 # ---- the forward family: fa2_forward, fa1_forward, fa1_finalize -------------------------------
+# The inputs every kernel family reads, and their strides.
+_QKV = [Field("q", "ptr", "Q (batch, seqlen_q, heads, d)", "const elem_t*"),
+        Field("k", "ptr", "K (batch, seqlen_k, heads_k, d)", "const elem_t*"),
+        Field("v", "ptr", "V, as K", "const elem_t*")]
+_QKVO_STRIDES = [_strides("q", "Q"), _strides("k", "K"), _strides("v", "V"), _strides("o", "O")]
+
 FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
-    Field("q", "ptr", "Q (batch, seqlen_q, heads, d)", "const elem_t*"),
-    Field("k", "ptr", "K (batch, seqlen_k, heads_k, d)", "const elem_t*"),
-    Field("v", "ptr", "V, as K", "const elem_t*"),
+    *_QKV,
     Field("o", "ptr", "O, Q's shape (its own strides)", "elem_t*"),
     Field("lse", "ptr", "L (batch, heads, seqlen_q), float32, contiguous", "float*"),
     Field("o_accum", "ptr", "FA1: O in float32 (batch, heads, seqlen_q, d)", "float*", 0),
     Field("l_accum", "ptr", "FA1: l (batch, heads, seqlen_q)", "float*", 0),
     Field("m_accum", "ptr", "FA1: m (batch, heads, seqlen_q)", "float*", 0),
-    _strides("q", "Q"), _strides("k", "K"), _strides("v", "V"), _strides("o", "O"),
+    *_QKVO_STRIDES,
     Field("seqlen_q", "i32", "query rows per batch entry"),
     Field("seqlen_k", "i32", "key rows per batch entry"),
     Field("d", "i32", "head dim (a multiple of 8, at most the kernel's bucket)"),
@@ -123,9 +127,7 @@ FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
 
 # ---- the backward family: preprocess, main kernel, dQ pass ----------------------------------
 BWD = Struct("BwdParams", "Backward kernels (fa2_backward.cu).", [
-    Field("q", "ptr", "Q (batch, seqlen_q, heads, d)", "const elem_t*"),
-    Field("k", "ptr", "K (batch, seqlen_k, heads_k, d)", "const elem_t*"),
-    Field("v", "ptr", "V, as K", "const elem_t*"),
+    *_QKV,
     Field("o", "ptr", "O, the forward's output (preprocess)", "const elem_t*"),
     Field("dout", "ptr", "dO, Q's shape", "const elem_t*"),
     Field("lse", "ptr", "L (batch, heads, seqlen_q), float32", "const float*"),
@@ -135,7 +137,7 @@ BWD = Struct("BwdParams", "Backward kernels (fa2_backward.cu).", [
     Field("dq", "ptr", "dQ, Q's shape (its own strides)", "elem_t*"),
     Field("dk", "ptr", "dK: input dtype, or float32 slices (head_parts > 1)", "void*"),
     Field("dv", "ptr", "dV, as dK", "void*"),
-    _strides("q", "Q"), _strides("k", "K"), _strides("v", "V"), _strides("o", "O"),
+    *_QKVO_STRIDES,
     _strides("do", "dO"), _strides("dq", "dQ"), _strides("dk", "dK and dV"),
     # (The int fields keep the order of the main kernel's former argument list: with the
     # seqlens at other offsets, the d 64 4/4/4 tile, at 255 registers, spilled 40 bytes.)
