@@ -67,7 +67,7 @@ def _fake_cupy(sms=132, smem=227 * 1024, cc=90):
     cp = types.SimpleNamespace()
     cp.ndarray = FakeArray
     cp.float32, cp.int32 = np.float32, np.int32
-    cp.empty = lambda shape, dtype=np.float32: FakeArray(np.empty(shape, dtype))
+    cp.empty = lambda shape, dtype=np.float32: FakeArray(np.zeros(shape, dtype))  # (defined)
     cp.zeros = lambda shape, dtype=np.float32: FakeArray(np.zeros(shape, dtype))
     cp.full = lambda shape, value, dtype=np.float32: FakeArray(np.full(shape, value, dtype))
     props = {"multiProcessorCount": sms, "sharedMemPerBlockOptin": smem, "major": cc // 10,
