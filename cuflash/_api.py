@@ -12,7 +12,7 @@ import numpy as np
 from . import _loader, _plan, _registry
 
 MIN_COMPUTE_CAPABILITY = 80
-_GRID_YZ_MAX = _registry._GRID_YZ_MAX  # CUDA limit on gridDim.y / gridDim.z (heads, batch)
+_GRID_YZ_MAX = _registry.GRID_YZ_MAX  # CUDA limit on gridDim.y / gridDim.z
 
 
 # The one install hint every message gives (README.md, "Set up").

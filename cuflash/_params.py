@@ -108,6 +108,13 @@ _QKV = [Field("q", "ptr", "Q (batch, seqlen_q, heads, d)", "const elem_t*"),
         Field("k", "ptr", "K (batch, seqlen_k, heads_k, d)", "const elem_t*"),
         Field("v", "ptr", "V, as K", "const elem_t*")]
 _QKVO_STRIDES = [_strides("q", "Q"), _strides("k", "K"), _strides("v", "V"), _strides("o", "O")]
+# The problem's sizes, and the softmax scale in the two forms the kernels use.
+_SIZES = [Field("seqlen_q", "i32", "query rows per batch entry"),
+          Field("seqlen_k", "i32", "key rows per batch entry"),
+          Field("d", "i32", "head dim (a multiple of 8, at most the kernel's bucket)"),
+          Field("group", "i32", "query heads per kv head (head h reads kv head h / group)")]
+_SCALES = [Field("softmax_scale", "f32", "scale of S = Q K^T"),
+           Field("scale_log2", "f32", "softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)")]
 
 FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
     *_QKV,
@@ -117,12 +124,8 @@ FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
     Field("l_accum", "ptr", "FA1: l (batch, heads, seqlen_q)", "float*", 0),
     Field("m_accum", "ptr", "FA1: m (batch, heads, seqlen_q)", "float*", 0),
     *_QKVO_STRIDES,
-    Field("seqlen_q", "i32", "query rows per batch entry"),
-    Field("seqlen_k", "i32", "key rows per batch entry"),
-    Field("d", "i32", "head dim (a multiple of 8, at most the kernel's bucket)"),
-    Field("group", "i32", "query heads per kv head (head h reads kv head h / group)"),
-    Field("softmax_scale", "f32", "scale of S = Q K^T"),
-    Field("scale_log2", "f32", "softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)"),
+    *_SIZES,
+    *_SCALES,
 ])
 
 # ---- the backward family: preprocess, main kernel, dQ pass ----------------------------------
@@ -144,15 +147,11 @@ BWD = Struct("BwdParams", "Backward kernels (fa2_backward.cu).", [
     Field("deterministic", "i32", "1: fixed-order dQ sums"),
     Field("nheads", "i32", "query heads"),
     Field("head_parts", "i32", "parts each kv head's group is split into (main kernel)"),
-    Field("seqlen_q", "i32", "query rows per batch entry"),
-    Field("seqlen_k", "i32", "key rows per batch entry"),
-    Field("d", "i32", "head dim"),
-    Field("group", "i32", "query heads per kv head"),
+    *_SIZES,
     Field("splits", "i32", "dQ slices (deterministic mode with dQ atomics), else 1"),
     Field("dq_accum_cols", "i32", "row pitch of dq_accum (the head-dim bucket)"),
     Field("lanes", "i32", "preprocess: lanes per query row (a power of two >= d / 8)"),
-    Field("softmax_scale", "f32", "scale of S = Q K^T"),
-    Field("scale_log2", "f32", "softmax_scale * log2(e)"),
+    *_SCALES,
 ])
 
 STRUCTS = (FWD, BWD)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from . import _params, _plan
 
-_GRID_YZ_MAX = 65535  # CUDA limit on gridDim.y / gridDim.z
+GRID_YZ_MAX = 65535  # CUDA limit on gridDim.y / gridDim.z
 
 
 @dataclass(frozen=True)
@@ -133,9 +133,9 @@ def backward_grid(T_c: int, grid_heads: int, batch: int, causal: bool, ordered: 
     (grid_heads, batch, T_c), so that block x of every (batch, head) starts before any block
     x + 1 (fa2_backward.cu, "Deterministic mode"). grid_heads = kv heads x head parts."""
     if ordered and not causal:
-        if T_c > _GRID_YZ_MAX:
+        if T_c > GRID_YZ_MAX:
             raise ValueError(f"deterministic=True without the causal mask handles at most "
-                             f"{_GRID_YZ_MAX} key blocks ({T_c} here): use shorter key "
+                             f"{GRID_YZ_MAX} key blocks ({T_c} here): use shorter key "
                              f"sequences, causal=True, or deterministic=False")
         return (grid_heads, batch, T_c)
     return (splits or T_c, grid_heads, batch)

@@ -105,13 +105,13 @@ struct BwdParams {
     int head_parts;                 // parts each kv head's group is split into (main kernel)
     int seqlen_q;                   // query rows per batch entry
     int seqlen_k;                   // key rows per batch entry
-    int d;                          // head dim
-    int group;                      // query heads per kv head
+    int d;                          // head dim (a multiple of 8, at most the kernel's bucket)
+    int group;                      // query heads per kv head (head h reads kv head h / group)
     int splits;                     // dQ slices (deterministic mode with dQ atomics), else 1
     int dq_accum_cols;              // row pitch of dq_accum (the head-dim bucket)
     int lanes;                      // preprocess: lanes per query row (a power of two >= d / 8)
     float softmax_scale;            // scale of S = Q K^T
-    float scale_log2;               // softmax_scale * log2(e)
+    float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
 };
 static_assert(sizeof(BwdParams) == 312, "BwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
