@@ -24,10 +24,10 @@ struct ColumnBlocks {
 
 // Row block `row_block` holds query rows [row_block * B_r, min((row_block + 1) * B_r, seqlen_q)).
 template <int B_r, int B_c, class MaskT>
-__device__ __forceinline__ ColumnBlocks column_blocks(const MaskT& mask, int row_block) {
+__device__ __forceinline__ ColumnBlocks column_blocks(const MaskT mask, int row_block) {
     const int first_row = row_block * B_r;
     const int last_row = min(first_row + B_r, mask.seqlen_q) - 1;
-    const KeyRange first = mask.keys(first_row), last = mask.keys(last_row);
+    const KeyRange first = MaskT::keys_of(mask, first_row), last = MaskT::keys_of(mask, last_row);
     ColumnBlocks cb;
     // Visited: the keys any row sees, [first.lo, last.hi].
     cb.begin = MaskT::LOCAL ? max(first.lo, 0) / B_c : 0;
@@ -53,7 +53,11 @@ __device__ __forceinline__ RowBlocks row_blocks(const MaskT& mask, int col_block
     RowBlocks rb;
     rb.end = (mask.seqlen_q + B_r - 1) / B_r;
     if (MaskT::LOCAL) rb.end = min(rb.end, mask.last_row(col_block * B_c + B_c - 1) / B_r + 1);
-    rb.begin = min(rb.end, mask.first_row(col_block * B_c) / B_r);
+    // (written so that without a causal or window limit begin is the constant 0: the clamp
+    // of 0 to end, which the compiler cannot fold, changed the backward's schedule)
+    rb.begin = 0;
+    if (MaskT::CAUSAL || MaskT::LOCAL)
+        rb.begin = min(rb.end, mask.first_row(col_block * B_c) / B_r);
     return rb;
 }
 

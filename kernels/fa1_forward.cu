@@ -123,12 +123,13 @@ fa1_forward(const FwdParams p) {
 #pragma unroll
                 for (int e2 = 0; e2 < 2; ++e2) {
                     const int row = row0 + warp * 16 + lane / 4 + e2 * 8;
-                    const KeyRange keys = mask.keys(row).from(col0 + (lane % 4) * 2);
+                    const KeyRange keys = mask.keys(row);  // counted from K_j's first key
+                    const int lo = keys.lo - col0, hi = keys.hi - col0;
 #pragma unroll
                     for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
                         for (int e1 = 0; e1 < 2; ++e1)
-                            if (!MaskT::visible(keys, nt * 8 + e1))
+                            if (MaskT::hidden(nt * 8 + (lane % 4) * 2 + e1, lo, hi))
                                 s[nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
                 }
             }

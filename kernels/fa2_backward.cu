@@ -492,8 +492,11 @@ fa2_backward(const BwdParams p) {
                     const float l2 = sL[buf * B_r + r] * LOG2E;
                     // the keys row r sees (mask.cuh), counted from this lane's first column
                     const int lane_col = col0 + s_n * Tile::S_NW + (lane_id() % 4) * 2;
-                    const KeyRange keys =
-                        MaskT(p, seqlen_q, seqlen_k).keys(row0 + r).from(lane_col);
+                    // (lo and hi spelled out, not keys.lo - lane_col: that form changed the
+                    // schedule of the d 64 and d 96 loops, PERFORMANCE.md)
+                    const KeyRange keys = MaskT(p, seqlen_q, seqlen_k).keys(row0 + r);
+                    const int lo = keys.lo - col0 - s_n * Tile::S_NW - (lane_id() % 4) * 2;
+                    const int hi = keys.hi - col0 - s_n * Tile::S_NW - (lane_id() % 4) * 2;
 #pragma unroll
                     for (int nt = 0; nt < S_NT; ++nt) {
                         float pe[2];  // P_ij at columns lane_col + nt * 8 + e1
@@ -503,7 +506,7 @@ fa2_backward(const BwdParams p) {
                             if constexpr (Score::REWRITES)  // the score hook (score.cuh)
                                 s = score.apply(s, row0 + r, lane_col + nt * 8 + e1);
                             pe[e1] = exp2_approx(fmaf(s, score.exp2_scale, -l2));
-                            if (MASK && !MaskT::visible(keys, nt * 8 + e1)) pe[e1] = 0.f;
+                            if (MASK && MaskT::hidden(nt * 8 + e1, lo, hi)) pe[e1] = 0.f;
                         }
                         const unsigned packed = T::pack(pe[0], pe[1]);
                         pk[mt][e2][nt] = packed;

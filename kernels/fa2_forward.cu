@@ -117,6 +117,19 @@ fa2_forward(const FwdParams p) {
     constexpr int NT_S = Tile::NT_S, NT_O = Tile::NT_O;
     constexpr bool LEAN = Tile::LEAN;
     using Score = ScoreScale;
+    // The parameters, read once here: the loads in the loop take them from these locals.
+    // (Reading p's fields inside the lambdas instead gave the same instructions in another
+    // schedule, 4-6% slower at d 64 and d 256 on the H200: PERFORMANCE.md, 2026-11-30.)
+    const elem_t* Q = p.q;
+    const elem_t* K = p.k;
+    const elem_t* V = p.v;
+    elem_t* O = p.o;
+    float* L = p.lse;
+    const int d = p.d, group = p.group;
+    const long long q_stride_b = p.q_stride_b, q_stride_s = p.q_stride_s, q_stride_h = p.q_stride_h;
+    const long long k_stride_b = p.k_stride_b, k_stride_s = p.k_stride_s, k_stride_h = p.k_stride_h;
+    const long long v_stride_b = p.v_stride_b, v_stride_s = p.v_stride_s, v_stride_h = p.v_stride_h;
+    const long long o_stride_b = p.o_stride_b, o_stride_s = p.o_stride_s, o_stride_h = p.o_stride_h;
 
     // One dynamic shared buffer carved into the three tiles.
     extern __shared__ __attribute__((aligned(128))) elem_t smem[];
@@ -144,16 +157,16 @@ fa2_forward(const FwdParams p) {
     // Causal row blocks near the bottom visit the most column blocks: launch them first.
     const int row_block = MaskT::CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
-    const int head_k = head / p.group;
+    const int head_k = head / group;
     const SeqInfo seq = seq_info(p, batch);  // this batch entry's rows
     const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
     const MaskT mask(p, seqlen_q, seqlen_k);
     const Score score(p);
     const int row0 = row_block * B_r;  // first query row of Q_i
-    const int chunks = p.d / 8;        // 16-byte chunks of real data per row
+    const int chunks = d / 8;          // 16-byte chunks of real data per row
 
-    const elem_t* q = p.q + seq.q_offset(p.q_stride_b, p.q_stride_s) + row0 * p.q_stride_s +
-                      head * p.q_stride_h;
+    const elem_t* q = Q + seq.q_offset(q_stride_b, q_stride_s) + row0 * q_stride_s +
+                      head * q_stride_h;
     // K_j, V_j: HBM -> shared (cp.async; caller commits). At 32 rows per warp the pointers are
     // rebuilt per call from the kernel arguments rather than held in registers.
     auto load_kv = [&](elem_t* dst, const elem_t* base, long long stride_b, long long stride_h,
@@ -167,10 +180,10 @@ fa2_forward(const FwdParams p) {
             stride_s, seqlen_k - col0, chunks, Tile::REBUILD ? opaque(tid) : tid);
     };
     auto load_k = [&](elem_t* dst, int col0) {
-        load_kv(dst, p.k, p.k_stride_b, p.k_stride_h, p.k_stride_s, col0);
+        load_kv(dst, K, k_stride_b, k_stride_h, k_stride_s, col0);
     };
     auto load_v = [&](elem_t* dst, int col0) {
-        load_kv(dst, p.v, p.v_stride_b, p.v_stride_h, p.v_stride_s, col0);
+        load_kv(dst, V, v_stride_b, v_stride_h, v_stride_s, col0);
     };
 
     const ColumnBlocks cb = column_blocks<B_r, B_c>(mask, row_block);
@@ -191,7 +204,7 @@ fa2_forward(const FwdParams p) {
     // Q_i: HBM -> shared, with K_{begin} in the same cp.async group.
     // With two K/V stages, V_{begin} joins them (step j only waits for what step j - 1 issued),
     // except on SPLIT_V0 tiles, where it is a group of its own.
-    load_tile_async<B_r, HD, NTHREADS, MT == 1>(sQ, q, p.q_stride_s, seqlen_q - row0, chunks,
+    load_tile_async<B_r, HD, NTHREADS, MT == 1>(sQ, q, q_stride_s, seqlen_q - row0, chunks,
                                                 tid);
     // Column block j uses K/V buffer j % KV_STAGES.
     if (cb.begin < cb.end) {
@@ -281,13 +294,14 @@ fa2_forward(const FwdParams p) {
 #pragma unroll
                 for (int e2 = 0; e2 < 2; ++e2) {
                     const int row = row0 + warp * RPW + mt * 16 + lane / 4 + e2 * 8;
-                    // this row's keys, counted from this lane's first column of K_j
-                    const KeyRange keys = mask.keys(row).from(col0 + (lane % 4) * 2);
+                    // this row's keys, counted from K_j's first key
+                    const KeyRange keys = mask.keys(row);
+                    const int lo = keys.lo - col0, hi = keys.hi - col0;
 #pragma unroll
                     for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
                         for (int e1 = 0; e1 < 2; ++e1)
-                            if (!MaskT::visible(keys, nt * 8 + e1))
+                            if (MaskT::hidden(nt * 8 + (lane % 4) * 2 + e1, lo, hi))
                                 s[mt][nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
                 }
         }
@@ -357,7 +371,7 @@ fa2_forward(const FwdParams p) {
             softmax.normalise(o, mt, e2, l_row);
             const int row = row0 + warp * RPW + mt * 16 + lane / 4 + e2 * 8;
             if (lane % 4 == 0 && row < seqlen_q)
-                p.lse[seq.row_vector(head, nheads) + row] =
+                L[seq.row_vector(head, nheads) + row] =
                     softmax.lse(mt, e2, l_row, score.lse_scale);
         }
 
@@ -375,13 +389,13 @@ fa2_forward(const FwdParams p) {
             }
         }
     __syncwarp();
-    elem_t* out = p.o + seq.q_offset(p.o_stride_b, p.o_stride_s) + head * p.o_stride_h;
+    elem_t* out = O + seq.q_offset(o_stride_b, o_stride_s) + head * o_stride_h;
     constexpr int NC = HD / 8;
 #pragma unroll
     for (int i = lane; i < RPW * NC; i += 32) {
         const int r = warp * RPW + i / NC, c = i % NC;
         if (row0 + r < seqlen_q && c < chunks)
-            *reinterpret_cast<Chunk16*>(out + (row0 + r) * p.o_stride_s + c * 8) =
+            *reinterpret_cast<Chunk16*>(out + (row0 + r) * o_stride_s + c * 8) =
                 *reinterpret_cast<const Chunk16*>(sQ + tile_offset<HD>(r, c));
     }
 }

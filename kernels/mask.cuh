@@ -18,11 +18,6 @@ namespace cuflash {
 // The keys one query row sees: [lo, hi]; none when hi < lo.
 struct KeyRange {
     int lo, hi;
-    // The same range with key `origin` as 0 (an element mask compares compile-time offsets
-    // within a fragment against it).
-    __device__ __forceinline__ KeyRange from(int origin) const {
-        return {lo - origin, hi - origin};
-    }
 };
 
 template <bool CAUSAL_, bool LOCAL_ = false>
@@ -37,10 +32,14 @@ struct Mask {
     __device__ __forceinline__ Mask(const Params& /*p*/, int seqlen_q_, int seqlen_k_)
         : seqlen_q(seqlen_q_), seqlen_k(seqlen_k_) {}
 
-    // The keys query row `row` sees.
-    __device__ __forceinline__ KeyRange keys(int row) const {
-        int hi = seqlen_k - 1;
-        if (CAUSAL) hi = min(hi, row + seqlen_k - seqlen_q);
+    // The keys query row `row` sees. (The formula is the static keys_of, which takes the mask
+    // by value: block_range.cuh calls it so. Reading the fields through `this` there changed
+    // how ptxas scheduled the forward's main loop, 4-6% slower at d 64 and d 256; see
+    // PERFORMANCE.md, 2026-11-30.)
+    __device__ __forceinline__ KeyRange keys(int row) const { return keys_of(*this, row); }
+    static __device__ __forceinline__ KeyRange keys_of(const Mask m, int row) {
+        int hi = m.seqlen_k - 1;
+        if (CAUSAL) hi = min(hi, row + m.seqlen_k - m.seqlen_q);
         return {0, hi};
     }
     // The first query row that sees a key in [col_lo, col_hi] (rows further down see keys
@@ -50,9 +49,10 @@ struct Mask {
     }
     // The last query row that sees a key in [col_lo, col_hi] (a lower limit cuts rows below).
     __device__ __forceinline__ int last_row(int /*col_hi*/) const { return seqlen_q - 1; }
-    // Whether key `col` is visible in a row whose range is r (the element mask).
-    static __device__ __forceinline__ bool visible(const KeyRange& r, int col) {
-        return (!LOCAL || col >= r.lo) && col <= r.hi;
+    // The element mask: whether key `col` is hidden from a row whose key range is [lo, hi]
+    // (all three counted from the same origin, usually the lane's first column of the block).
+    static __device__ __forceinline__ bool hidden(int col, int lo, int hi) {
+        return col > hi || (LOCAL && col < lo);
     }
 };
 
