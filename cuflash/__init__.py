@@ -7,9 +7,9 @@ See README.md for shapes, dtypes and the algorithms; ``cuflash.reference`` holds
 (float64) reference implementations the GPU kernels are tested against.
 """
 
-from ._api import attention_with_vjp, backward, forward, precompile
+from ._api import attention_with_vjp, backward, forward, portable_kernels, precompile
 from ._loader import KernelCompileError
 from ._version import __version__
 
-__all__ = ["forward", "backward", "attention_with_vjp", "precompile",
+__all__ = ["forward", "backward", "attention_with_vjp", "precompile", "portable_kernels",
            "KernelCompileError", "__version__"]

@@ -9,7 +9,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import _loader, _plan, _registry
+from . import _loader, _plan, _registry, _tma
 
 MIN_COMPUTE_CAPABILITY = 80
 _GRID_YZ_MAX = _registry.GRID_YZ_MAX  # CUDA limit on gridDim.y / gridDim.z
@@ -385,6 +385,12 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
             _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose,
                          qkv_strides, out_strides)
             return out, lse
+        if config is None and _uses_sm90(cupy, device_id) and all(
+                _tma.usable(x.data.ptr, x.shape, s, x.itemsize)
+                for x, s in zip((q, k, v), qkv_strides)):
+            _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose,
+                          qkv_strides, out_strides)
+            return out, lse
         # The tile shape and compiled kernel for this (device, dtype, d, mask, short keys or
         # not), looked up once.
         short = _plan.forward_short(HD, causal, seqlen_k)
@@ -415,6 +421,64 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
 
 
 _forward_launches: dict = {}
+
+
+def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qkv_strides,
+                  out_strides):
+    """The Hopper forward (kernels/fa2_forward_sm90.cu): TMA loads through tensor maps of q,
+    k and v (cuflash/_tma.py, cached by address and layout), wgmma, warp specialisation."""
+    batch, seqlen_q, nheads, d = q.shape
+    dtype_name = _dtype_name(q.dtype)
+    key = ("sm90", device_id, q.dtype, d, causal)
+    launch = _forward_launches.get(key)
+    if launch is None:
+        plan = _registry.sm90_forward_plan(dtype_name, d, causal)
+        launch = _forward_launches[key] = (
+            plan.cfg, _launcher(_registry.FA2_FORWARD_SM90, plan, "main"),
+            _loader.ParamBuffer(_registry.FA2_FORWARD_SM90.params))
+    cfg, kernel, params = launch
+    grid = _registry.sm90_forward_grid(cfg, seqlen_q, nheads, batch)
+    if verbose:
+        print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + 2 consumer warpgroups): "
+              f"B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.stages} K/V stages, head dim padded to "
+              f"{cfg.HD}, grid {grid} (row blocks, heads, batch), {cfg.smem_bytes} bytes of "
+              f"shared memory")
+    qs, ks, vs = qkv_strides
+    tm_q = _tma.tensor_map(q.data.ptr, dtype_name, q.shape, qs, cfg.B_r)
+    tm_k = _tma.tensor_map(k.data.ptr, dtype_name, k.shape, ks, cfg.B_c)
+    tm_v = _tma.tensor_map(v.data.ptr, dtype_name, v.shape, vs, cfg.B_c)
+    with params.lock:
+        params.pack(tm_q=tm_q, tm_k=tm_k, tm_v=tm_v, q=q.data.ptr, k=k.data.ptr,
+                    v=v.data.ptr, o=out.data.ptr, lse=lse.data.ptr, q_strides=qs,
+                    k_strides=ks, v_strides=vs, o_strides=out_strides, seqlen_q=seqlen_q,
+                    seqlen_k=k.shape[1], d=d, group=nheads // k.shape[2],
+                    softmax_scale=scale, scale_log2=scale * _LOG2E)
+        kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, params)
+
+
+_portable_only = False
+
+
+@contextlib.contextmanager
+def portable_kernels():
+    """A context in which ``forward`` runs the portable mma.sync kernels (sm_80 and newer) on
+    every GPU, also where the Hopper family would run (an H100/H200, sm_90): for tests and
+    comparisons. Process-wide: it is not meant to be entered from several threads at once."""
+    global _portable_only
+    saved, _portable_only = _portable_only, True
+    try:
+        yield
+    finally:
+        _portable_only = saved
+
+
+def _uses_sm90(cupy, device_id: int) -> bool:
+    """Whether the forward takes the Hopper family on this device: compute capability 9.0
+    (wgmma and setmaxnreg are sm_90a instructions) and portable_kernels() not in force."""
+    if _portable_only:
+        return False
+    props = _device_properties(cupy, device_id)
+    return int(props["major"]) == 9 and int(props["minor"]) == 0
 
 
 def _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose,
@@ -478,9 +542,13 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
     dtypes = [dt if isinstance(dt, str) else _dtype_name(dt) for dt in dtypes]
     variants = [v for v in _registry.VARIANTS
                 if v is not _registry.FA2_BACKWARD or backward
-                if v is not _registry.FA1_FORWARD or fa1]
+                if v is not _registry.FA1_FORWARD or fa1
+                if v is not _registry.FA2_FORWARD_SM90 or _uses_sm90(cupy, device_id)]
+    sm90_buckets = sorted({_plan.sm90_head_dim_bucket(b) for b in buckets})
     names = list(dict.fromkeys(
-        (v.source, name) for v in variants for dt in dtypes for HD in buckets for c in causal
+        (v.source, name, v.options) for v in variants for dt in dtypes
+        for HD in (sm90_buckets if v is _registry.FA2_FORWARD_SM90 else buckets)
+        for c in causal
         for plan in v.plans(dt, HD, c, max_smem, bulk) for name in plan.kernels.values()))
 
     def build(item):
@@ -696,7 +764,7 @@ def _has_bulk_copy(cupy, device_id: int) -> bool:
 def _launcher(variant, plan, role: str):
     """The compiled kernel of `role` in a launch plan, with its shared-memory limit raised
     where it needs more than the default, ready to launch (current device)."""
-    kernel = _loader.get_kernel(variant.source, plan.kernels[role])
+    kernel = _loader.get_kernel(variant.source, plan.kernels[role], variant.options)
     if plan.smem[role]:
         _set_smem(kernel, plan.smem[role])
     return _loader.Launcher(kernel)

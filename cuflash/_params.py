@@ -11,11 +11,11 @@ list. From these descriptions come both
   ``cuLaunchKernel``).
 
 Fields are laid out in the order given, each at its natural alignment (the descriptions put
-the 8-byte fields first, so there is no padding inside a struct); the size is rounded up to
-8 bytes. A stride field is three int64 members in C (``q_stride_b``, ``q_stride_s``,
-``q_stride_h``) and one (batch, seq, head) tuple on the host (``q_strides``). A field with a
-default may be left out by a launch that does not use it (the kernels that read it say so);
-every other field must be given.
+the widest fields first, so there is no padding inside a struct); the size is rounded up to
+the largest alignment (8 bytes, 64 with a tensor map). A stride field is three int64 members
+in C (``q_stride_b``, ``q_stride_s``, ``q_stride_h``) and one (batch, seq, head) tuple on the
+host (``q_strides``). A field with a default may be left out by a launch that does not use
+it (the kernels that read it say so); every other field must be given.
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-# kind -> (C type, struct codes, size of one member, members)
+# kind -> (C type, struct codes, size of one member, members, alignment)
 _KINDS = {
-    "ptr": (None, "Q", 8, 1),        # the C type is given per field
-    "i64": ("long long", "q", 8, 1),
-    "strides": ("long long", "q", 8, 3),  # (batch, sequence, head) strides in elements
-    "i32": ("int", "i", 4, 1),
-    "f32": ("float", "f", 4, 1),
+    "ptr": (None, "Q", 8, 1, 8),        # the C type is given per field
+    "i64": ("long long", "q", 8, 1, 8),
+    "strides": ("long long", "q", 8, 3, 8),  # (batch, sequence, head) strides in elements
+    "i32": ("int", "i", 4, 1, 4),
+    "f32": ("float", "f", 4, 1, 4),
+    "tmap": ("TensorMap", "128s", 128, 1, 64),  # a TMA tensor map (hopper.cuh), 128 bytes
 }
 _STRIDE_AXES = (("b", "batch"), ("s", "sequence"), ("h", "head"))
 
@@ -53,10 +54,11 @@ class Struct:
     def __init__(self, name: str, doc: str, fields: list[Field]):
         self.name, self.doc, self.fields = name, doc, fields
         # C members: (name, C type, doc, offset)
-        self.members, pos, codes = [], 0, ""
+        self.members, pos, codes, self.align = [], 0, "", 8
         for f in fields:
-            ctype, code, size, count = _KINDS[f.kind]
-            aligned = (pos + size - 1) // size * size
+            ctype, code, size, count, align = _KINDS[f.kind]
+            self.align = max(self.align, align)
+            aligned = (pos + align - 1) // align * align
             codes += "x" * (aligned - pos) + code * count
             pos = aligned
             names = ([(f"{f.name[:-len('_strides')]}_stride_{a}", f"{f.doc}: {b} stride in "
@@ -65,7 +67,7 @@ class Struct:
             for name, doc in names:
                 self.members.append((name, f.ctype if f.kind == "ptr" else ctype, doc, pos))
                 pos += size
-        self.size = (pos + 7) // 8 * 8
+        self.size = (pos + self.align - 1) // self.align * self.align
         self.format = "<" + codes + "x" * (self.size - pos)
         self._packer = self._make_packer()
 
@@ -128,6 +130,17 @@ FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
     *_SCALES,
 ])
 
+# ---- the Hopper forward: fa2_forward_sm90 ----------------------------------------------------
+# The forward's fields behind three TMA tensor maps (encoded on the host, cuflash/_tma.py): Q,
+# K and V as 4-d tensors (d, seqlen, heads, batch), boxes of 64 head-dim columns. The kernel
+# takes the struct as a __grid_constant__ parameter, so TMA reads the maps where they are.
+SM90_FWD = Struct("Sm90FwdParams", "Hopper forward kernel (fa2_forward_sm90.cu).", [
+    Field("tm_q", "tmap", "Q's tensor map, boxes of 64 columns x B_r rows"),
+    Field("tm_k", "tmap", "K's tensor map, boxes of 64 columns x B_c rows"),
+    Field("tm_v", "tmap", "V's tensor map, as K's"),
+    *FWD.fields,
+])
+
 # ---- the backward family: preprocess, main kernel, dQ pass ----------------------------------
 BWD = Struct("BwdParams", "Backward kernels (fa2_backward.cu).", [
     *_QKV,
@@ -154,7 +167,7 @@ BWD = Struct("BwdParams", "Backward kernels (fa2_backward.cu).", [
     *_SCALES,
 ])
 
-STRUCTS = (FWD, BWD)
+STRUCTS = (FWD, BWD, SM90_FWD)
 HEADER = "params.cuh"
 
 

@@ -332,6 +332,63 @@ def _table() -> dict:
 
 TILES = _table()
 
+# ---- the Hopper forward (kernels/fa2_forward_sm90.cu, sm_90a) ----------------------------------
+SM90_HEAD_DIM_BUCKETS = (64, 128, 192, 256)  # the head dim padded to whole 64-column TMA boxes
+
+
+@dataclass(frozen=True)
+class Sm90ForwardConfig:
+    """Tile shape of the Hopper forward (ForwardTileSm90): B_r = 128 query rows (two consumer
+    warpgroups of 64), B_c keys per column block, `stages` K/V slots; 384 threads."""
+
+    HD: int
+    B_c: int
+    stages: int
+    B_r: int = 128
+    threads: int = 384
+
+    @property
+    def tile_type(self) -> str:
+        return f"cuflash::ForwardTileSm90<{self.HD}, {self.B_c}, {self.stages}>"
+
+    @property
+    def smem_bytes(self) -> int:
+        # 1024 (alignment) + Q_i + stages x (K_j, V_j) + mbarriers (ForwardTileSm90::SMEM_BYTES)
+        return 1024 + 2 * self.B_r * self.HD + 2 * self.stages * 2 * self.B_c * self.HD \
+            + 8 * (1 + 3 * self.stages)
+
+    def tile_asserts(self) -> list[str]:
+        return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}"]
+
+
+# (HD bucket, causal) -> tile. First cut, not yet tuned on the H200 (PERFORMANCE.md).
+SM90_FORWARD_TILES = {
+    (64, False): Sm90ForwardConfig(64, 128, 3), (64, True): Sm90ForwardConfig(64, 128, 3),
+    (128, False): Sm90ForwardConfig(128, 128, 2), (128, True): Sm90ForwardConfig(128, 128, 2),
+    (192, False): Sm90ForwardConfig(192, 96, 2), (192, True): Sm90ForwardConfig(192, 96, 2),
+    (256, False): Sm90ForwardConfig(256, 64, 2), (256, True): Sm90ForwardConfig(256, 64, 2),
+}
+
+
+def sm90_head_dim_bucket(d: int) -> int:
+    return _bucket(d, SM90_HEAD_DIM_BUCKETS)
+
+
+def sm90_forward_config(d: int, causal: bool) -> Sm90ForwardConfig:
+    return SM90_FORWARD_TILES[(sm90_head_dim_bucket(d), bool(causal))]
+
+
+def sm90_forward_kernel_name(dtype_name: str, cfg: Sm90ForwardConfig, causal: bool) -> str:
+    return (f"cuflash::fa2_forward_sm90<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
+            f"{mask_type(causal)}>")
+
+
+SM90_FORWARD_FILE = "fa2_forward_sm90.cu"
+# NVRTC / nvcc target of the Hopper kernels: wgmma and setmaxnreg need the "a" variant.
+SM90A_NVRTC_OPTIONS = ("-arch=sm_90a",)
+SM90A_NVCC_ARCH = "-gencode=arch=compute_90a,code=sm_90a"
+
+
 # fwd_short: the longest key sequence (non-causal, causal) that takes the "fwd_short" tiles.
 SHORT_KEYS = {64: (1024, 4096)}
 
@@ -423,7 +480,7 @@ def backward_dq_name(dtype_name: str, cfg: BackwardConfig, causal: bool) -> str:
 
 # The architecture the CPU compile check builds each shared-memory class for: sm_86/89/120
 # (99 KB) and sm_80 (163 KB) are checked as sm_80, sm_90 (227 KB) as sm_90.
-ARCH_SMEM = {"80": (99 * 1024, 163 * 1024), "90": (227 * 1024,)}
+ARCH_SMEM = {"80": (99 * 1024, 163 * 1024), "90": (227 * 1024,), "90a": (227 * 1024,)}
 
 
 def _planned(arch: str) -> list[tuple[str, str, object]]:

@@ -38,6 +38,7 @@ class Variant:
     # plans(dtype_name, HD, causal, max_smem, bulk) -> every Plan a device of that shared
     # memory (and bulk copy engine) may launch for that bucket and mask
     plans: Callable[..., list]
+    options: tuple = ()            # compiler options beyond _loader.NVRTC_OPTIONS
 
 
 # ---- FA2 forward ---------------------------------------------------------------------------
@@ -63,6 +64,32 @@ FA2_FORWARD = Variant(
     "fa2_forward", _plan.FORWARD_FILE, _params.FWD, ("80", "90"),
     lambda dt, HD, causal, smem, bulk: [_fa2_forward_plan(dt, cfg, causal)
                                         for cfg in _plan.forward_plans(HD, causal, smem)])
+
+
+# ---- FA2 forward on Hopper (sm_90a: TMA, wgmma, warp specialisation) --------------------------
+
+def sm90_forward_plan(dtype_name: str, d: int, causal: bool) -> Plan:
+    cfg = _plan.sm90_forward_config(d, causal)
+    return Plan(cfg, {"main": _plan.sm90_forward_kernel_name(dtype_name, cfg, causal)},
+                {"main": cfg.smem_bytes})
+
+
+def sm90_forward_grid(cfg, seqlen_q: int, nheads: int, batch: int) -> tuple:
+    """(row blocks, heads, batch): one thread block per 128 query rows."""
+    return ((seqlen_q + cfg.B_r - 1) // cfg.B_r, nheads, batch)
+
+
+def _sm90_forward_plans(dt, HD, causal, smem, bulk) -> list:
+    # one plan per Hopper bucket (64, 128, 192, 256), listed under the portable bucket that
+    # is its largest head dim
+    if HD not in _plan.SM90_HEAD_DIM_BUCKETS:
+        return []
+    return [sm90_forward_plan(dt, HD, causal)]
+
+
+FA2_FORWARD_SM90 = Variant(
+    "fa2_forward_sm90", _plan.SM90_FORWARD_FILE, _params.SM90_FWD, ("90a",),
+    _sm90_forward_plans, _plan.SM90A_NVRTC_OPTIONS)
 
 
 # ---- FA1 forward ---------------------------------------------------------------------------
@@ -183,14 +210,14 @@ def deterministic_splits(sms: int, T_c: int, bh: int, cfg, rows_per_bh: int,
 
 # ---- the registry ------------------------------------------------------------------------------
 
-VARIANTS = (FA2_FORWARD, FA2_BACKWARD, FA1_FORWARD)
+VARIANTS = (FA2_FORWARD, FA2_BACKWARD, FA1_FORWARD, FA2_FORWARD_SM90)
 
 
 def specialisations(arch: str, variants=VARIANTS) -> list[tuple[str, str, object]]:
     """(kernel file, name expression, tile or None) of every kernel the variants may launch
-    on a GPU of compile-check class `arch` ("80" or "90", _plan.ARCH_SMEM): the plans for each
-    shared-memory size of that class, every dtype, head-dim bucket and mask."""
-    smems, bulk = _plan.ARCH_SMEM[arch], _plan.has_bulk_copy(int(arch))
+    on a GPU of compile-check class `arch` ("80", "90" or "90a", _plan.ARCH_SMEM): the plans
+    for each shared-memory size of that class, every dtype, head-dim bucket and mask."""
+    smems, bulk = _plan.ARCH_SMEM[arch], _plan.has_bulk_copy(int(arch.rstrip("a")))
     out = []
     for variant in variants:
         if arch not in variant.arch_classes:

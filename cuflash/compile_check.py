@@ -32,9 +32,9 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from . import _loader, _params, _plan
+from . import _loader, _params, _plan, _wgmma
 
-ARCHS = ("80", "90")
+ARCHS = ("80", "90", "90a")
 
 
 def find_nvcc() -> str | None:
@@ -95,7 +95,8 @@ def compile_file(filename: str, names: list[str], arch: str, nvcc: str) -> tuple
         src = os.path.join(tmp, "check.cu")
         with open(src, "w") as f:
             f.write(instantiation_source(filename, names, _plan.tile_assertions(arch, filename)))
-        cmd = [nvcc, "-cubin", f"-arch=sm_{arch}", *_loader.NVRTC_OPTIONS, "-Xptxas", "-v",
+        target = _plan.SM90A_NVCC_ARCH if arch == "90a" else f"-arch=sm_{arch}"
+        cmd = [nvcc, "-cubin", target, *_loader.NVRTC_OPTIONS, "-Xptxas", "-v",
                "-o", os.path.join(tmp, "check.cubin"), src]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         log = proc.stdout + proc.stderr
@@ -255,12 +256,15 @@ def main(argv=None) -> int:
     parser.add_argument("--no-cache", action="store_true",
                         help="compile even if this exact tree and compiler were checked before")
     parser.add_argument("--write-params", action="store_true",
-                        help="write kernels/params.cuh from cuflash/_params.py and exit")
+                        help="write kernels/params.cuh and kernels/wgmma.cuh (generated from "
+                             "cuflash/_params.py and cuflash/_wgmma.py) and exit")
     args = parser.parse_args(argv)
     if args.write_params:
-        path = _loader.KERNEL_DIR / _params.HEADER
-        path.write_text(_params.header_text())
-        print(f"wrote {path}")
+        for header, text in ((_params.HEADER, _params.header_text()),
+                             (_wgmma.HEADER, _wgmma.header_text())):
+            path = _loader.KERNEL_DIR / header
+            path.write_text(text)
+            print(f"wrote {path}")
         return 0
     reports, cached = check_all_cached(tuple(args.arch or ARCHS), use_cache=not args.no_cache)
     if cached:

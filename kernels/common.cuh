@@ -82,6 +82,11 @@ struct bf16 {
 };
 
 typedef unsigned short elem_t;  // storage of one fp16 / bf16 value
+// A TMA tensor map (CUtensorMap): 128 opaque bytes, encoded on the host (cuflash/_tma.py) and
+// passed by value inside a Hopper kernel's __grid_constant__ parameter struct (hopper.cuh).
+struct alignas(64) TensorMap {
+    unsigned long long opaque[16];
+};
 
 struct alignas(16) Chunk16 { unsigned x, y, z, w; };  // one 16-byte vector: 8 elements
 struct alignas(16) Float4 { float x, y, z, w; };      // one 16-byte vector of floats

@@ -162,4 +162,69 @@ static_assert(__builtin_offsetof(BwdParams, softmax_scale) == 304, "BwdParams.so
 static_assert(__builtin_offsetof(BwdParams, scale_log2) == 308, "BwdParams.scale_log2");
 #endif
 
+// Hopper forward kernel (fa2_forward_sm90.cu).
+struct Sm90FwdParams {
+    TensorMap tm_q;                 // Q's tensor map, boxes of 64 columns x B_r rows
+    TensorMap tm_k;                 // K's tensor map, boxes of 64 columns x B_c rows
+    TensorMap tm_v;                 // V's tensor map, as K's
+    const elem_t* q;                // Q (batch, seqlen_q, heads, d)
+    const elem_t* k;                // K (batch, seqlen_k, heads_k, d)
+    const elem_t* v;                // V, as K
+    elem_t* o;                      // O, Q's shape (its own strides)
+    float* lse;                     // L (batch, heads, seqlen_q), float32, contiguous
+    float* o_accum;                 // FA1: O in float32 (batch, heads, seqlen_q, d)
+    float* l_accum;                 // FA1: l (batch, heads, seqlen_q)
+    float* m_accum;                 // FA1: m (batch, heads, seqlen_q)
+    long long q_stride_b;           // Q: batch stride in elements
+    long long q_stride_s;           // Q: sequence stride in elements
+    long long q_stride_h;           // Q: head stride in elements
+    long long k_stride_b;           // K: batch stride in elements
+    long long k_stride_s;           // K: sequence stride in elements
+    long long k_stride_h;           // K: head stride in elements
+    long long v_stride_b;           // V: batch stride in elements
+    long long v_stride_s;           // V: sequence stride in elements
+    long long v_stride_h;           // V: head stride in elements
+    long long o_stride_b;           // O: batch stride in elements
+    long long o_stride_s;           // O: sequence stride in elements
+    long long o_stride_h;           // O: head stride in elements
+    int seqlen_q;                   // query rows per batch entry
+    int seqlen_k;                   // key rows per batch entry
+    int d;                          // head dim (a multiple of 8, at most the kernel's bucket)
+    int group;                      // query heads per kv head (head h reads kv head h / group)
+    float softmax_scale;            // scale of S = Q K^T
+    float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
+};
+static_assert(sizeof(Sm90FwdParams) == 576, "Sm90FwdParams: size differs from cuflash/_params.py");
+#ifndef __CUDACC_RTC__
+static_assert(__builtin_offsetof(Sm90FwdParams, tm_q) == 0, "Sm90FwdParams.tm_q");
+static_assert(__builtin_offsetof(Sm90FwdParams, tm_k) == 128, "Sm90FwdParams.tm_k");
+static_assert(__builtin_offsetof(Sm90FwdParams, tm_v) == 256, "Sm90FwdParams.tm_v");
+static_assert(__builtin_offsetof(Sm90FwdParams, q) == 384, "Sm90FwdParams.q");
+static_assert(__builtin_offsetof(Sm90FwdParams, k) == 392, "Sm90FwdParams.k");
+static_assert(__builtin_offsetof(Sm90FwdParams, v) == 400, "Sm90FwdParams.v");
+static_assert(__builtin_offsetof(Sm90FwdParams, o) == 408, "Sm90FwdParams.o");
+static_assert(__builtin_offsetof(Sm90FwdParams, lse) == 416, "Sm90FwdParams.lse");
+static_assert(__builtin_offsetof(Sm90FwdParams, o_accum) == 424, "Sm90FwdParams.o_accum");
+static_assert(__builtin_offsetof(Sm90FwdParams, l_accum) == 432, "Sm90FwdParams.l_accum");
+static_assert(__builtin_offsetof(Sm90FwdParams, m_accum) == 440, "Sm90FwdParams.m_accum");
+static_assert(__builtin_offsetof(Sm90FwdParams, q_stride_b) == 448, "Sm90FwdParams.q_stride_b");
+static_assert(__builtin_offsetof(Sm90FwdParams, q_stride_s) == 456, "Sm90FwdParams.q_stride_s");
+static_assert(__builtin_offsetof(Sm90FwdParams, q_stride_h) == 464, "Sm90FwdParams.q_stride_h");
+static_assert(__builtin_offsetof(Sm90FwdParams, k_stride_b) == 472, "Sm90FwdParams.k_stride_b");
+static_assert(__builtin_offsetof(Sm90FwdParams, k_stride_s) == 480, "Sm90FwdParams.k_stride_s");
+static_assert(__builtin_offsetof(Sm90FwdParams, k_stride_h) == 488, "Sm90FwdParams.k_stride_h");
+static_assert(__builtin_offsetof(Sm90FwdParams, v_stride_b) == 496, "Sm90FwdParams.v_stride_b");
+static_assert(__builtin_offsetof(Sm90FwdParams, v_stride_s) == 504, "Sm90FwdParams.v_stride_s");
+static_assert(__builtin_offsetof(Sm90FwdParams, v_stride_h) == 512, "Sm90FwdParams.v_stride_h");
+static_assert(__builtin_offsetof(Sm90FwdParams, o_stride_b) == 520, "Sm90FwdParams.o_stride_b");
+static_assert(__builtin_offsetof(Sm90FwdParams, o_stride_s) == 528, "Sm90FwdParams.o_stride_s");
+static_assert(__builtin_offsetof(Sm90FwdParams, o_stride_h) == 536, "Sm90FwdParams.o_stride_h");
+static_assert(__builtin_offsetof(Sm90FwdParams, seqlen_q) == 544, "Sm90FwdParams.seqlen_q");
+static_assert(__builtin_offsetof(Sm90FwdParams, seqlen_k) == 548, "Sm90FwdParams.seqlen_k");
+static_assert(__builtin_offsetof(Sm90FwdParams, d) == 552, "Sm90FwdParams.d");
+static_assert(__builtin_offsetof(Sm90FwdParams, group) == 556, "Sm90FwdParams.group");
+static_assert(__builtin_offsetof(Sm90FwdParams, softmax_scale) == 560, "Sm90FwdParams.softmax_scale");
+static_assert(__builtin_offsetof(Sm90FwdParams, scale_log2) == 564, "Sm90FwdParams.scale_log2");
+#endif
+
 }  // namespace cuflash

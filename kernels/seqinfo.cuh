@@ -24,6 +24,12 @@ struct SeqInfo {
                                                   long long /*stride_s*/) const {
         return batch * stride_b;
     }
+    // TMA coordinates (4-d tensor maps over (d, seqlen, heads, batch)) of the entry's row 0 in
+    // a query-side and a key-side tensor: its row and batch coordinates.
+    __device__ __forceinline__ int q_row0() const { return 0; }
+    __device__ __forceinline__ int q_batch() const { return batch; }
+    __device__ __forceinline__ int k_row0() const { return 0; }
+    __device__ __forceinline__ int k_batch() const { return batch; }
     // Element offset of (the entry, head, row 0) in a float32 row vector (batch, heads,
     // seqlen_q): L and D.
     __device__ __forceinline__ long long row_vector(int head, int nheads) const {

@@ -13,7 +13,7 @@ import struct
 
 import pytest
 
-from cuflash import _loader, _params, _plan
+from cuflash import _loader, _params, _plan, _wgmma
 
 # (file, kernel function, struct)
 KERNELS = [
@@ -24,6 +24,7 @@ KERNELS = [
     (_plan.BACKWARD_FILE, "fa2_backward", _params.BWD),
     (_plan.BACKWARD_FILE, "fa2_backward_dq", _params.BWD),
     (_plan.BACKWARD_FILE, "fa2_backward_dq_bulk", _params.BWD),
+    (_plan.SM90_FORWARD_FILE, "fa2_forward_sm90", _params.SM90_FWD),
 ]
 
 
@@ -33,17 +34,26 @@ def test_committed_header_is_the_generated_one():
         "kernels/params.cuh is stale: run python -m cuflash.compile_check --write-params")
 
 
+def test_committed_wgmma_header_is_the_generated_one():
+    committed = (_loader.KERNEL_DIR / _wgmma.HEADER).read_text()
+    assert committed == _wgmma.header_text(), (
+        "kernels/wgmma.cuh is stale: run python -m cuflash.compile_check --write-params")
+
+
 @pytest.mark.parametrize("filename,function,params", KERNELS, ids=[k for _, k, _ in KERNELS])
 def test_every_kernel_takes_its_familys_struct(filename, function, params):
     src = (_loader.KERNEL_DIR / filename).read_text()
     match = re.search(r"\b" + function + r"\(([^)]*)\)\s*\{", src)
     assert match, f"{function} not found in {filename}"
-    assert match.group(1).split() == ["const", params.name, "p"]
+    # (by value; the Hopper kernels' struct as __grid_constant__: TMA reads its tensor maps)
+    assert match.group(1).split() in (["const", params.name, "p"],
+                                      ["const", "__grid_constant__", params.name, "p"])
     assert f'#include "{_params.HEADER}"' in src
 
 
 def test_every_global_kernel_is_listed():
-    for filename in (_plan.FORWARD_FILE, _plan.FA1_FILE, _plan.BACKWARD_FILE):
+    for filename in (_plan.FORWARD_FILE, _plan.FA1_FILE, _plan.BACKWARD_FILE,
+                     _plan.SM90_FORWARD_FILE):
         src = (_loader.KERNEL_DIR / filename).read_text()
         found = set(re.findall(r"__global__ void __launch_bounds__\([^;{]*?\)\s*(\w+)\(", src,
                                re.S))
@@ -60,6 +70,8 @@ def test_packing_puts_each_value_at_its_offset(params):
             values[f.name] = (-(2**40) - i, 3 * i + 1, 2**33 + i)
         elif f.kind == "i32":
             values[f.name] = -7 * i - 1
+        elif f.kind == "tmap":
+            values[f.name] = bytes((i * 37 + j) % 256 for j in range(128))
         else:
             values[f.name] = 0.25 * i + 0.5
     for f in params.fields:
@@ -73,9 +85,12 @@ def test_packing_puts_each_value_at_its_offset(params):
     assert len(buf.buf) == params.size
     for name, ctype, _, offset in params.members:
         fmt = "<Q" if "*" in ctype else "<q" if ctype == "long long" else \
-            "<i" if ctype == "int" else "<f"
+            "<i" if ctype == "int" else "<128s" if ctype == "TensorMap" else "<f"
         (got,) = struct.unpack_from(fmt, buf.buf, offset)
-        assert got == pytest.approx(expect[name]), name
+        if isinstance(got, bytes):
+            assert got == expect[name] and offset % 64 == 0, name  # (CUtensorMap: 64-aligned)
+        else:
+            assert got == pytest.approx(expect[name]), name
     # the launch reads the struct through a one-element void** holding the buffer's address
     slot = ctypes.c_void_p.from_address(buf.params).value
     assert slot == ctypes.addressof((ctypes.c_char * params.size).from_buffer(buf.buf))

@@ -1,0 +1,248 @@
+// fa2_forward_sm90.cu: FlashAttention-2 forward on Hopper (sm_90a): TMA loads, wgmma, warp
+// specialisation. The same algorithm as fa2_forward.cu (the seed document, section 2.4.1.1):
+//   one thread block per (row block i of Q, head, batch); for each column block j:
+//       S_ij   = Q_i K_j^T                               (wgmma, Q_i and K_j in shared memory)
+//       m_new  = max(m_i, rowmax(S_ij))
+//       P~_ij  = exp(S_ij - m_new)
+//       l_i    = e^(m_i - m_new) l_i + rowsum(P~_ij)
+//       O~_i   = diag(e^(m_i - m_new)) O~_i + P~_ij V_j  (wgmma, P~ from registers)
+//       m_i    = m_new
+//   and at the end  O_i = diag(l_i)^-1 O~_i,  L_i = m_i + log(l_i).
+// The inner loop is under "the FA2 inner loop, on wgmma" below.
+//
+// Work split (three warpgroups of 128 threads):
+//   warpgroup 0, the producer: one thread issues the TMA loads (Q_i once, then K_j and V_j
+//     into a ring of STAGES shared-memory slots) and gives its registers to the consumers;
+//   warpgroups 1 and 2, the consumers: each owns 64 of the B_r = 128 rows of Q_i and runs the
+//     loop above on them; a consumer frees a slot (an mbarrier arrival per warp) once its
+//     P~V has read V_j.
+// Each slot has three mbarriers: K_j landed, V_j landed (separate, so that S = Q K^T starts
+// before V_j is in), and the slot is free again.
+//
+// Shared-memory layout: every tile is stored as TMA writes it with the 128-byte swizzle, in
+// column groups of 64 head-dim elements (128 bytes per row): tile[g][row][64], HD / 64 groups.
+// The wgmma descriptors (hopper.cuh, smem_desc) read that layout directly: Q and K K-major
+// (the head dim is the k of S = Q K^T), V N-major (the head dim is the n of P V).
+//
+// Pieces shared with the portable kernels: seqinfo.cuh (the rows of a batch entry),
+// mask.cuh and block_range.cuh (which keys a row sees, which column blocks a row block
+// visits), score.cuh (the score hook), softmax.cuh (the online softmax: the wgmma
+// accumulator has the mma.sync row-per-quad layout, so it runs unchanged).
+//
+// Variants (template parameters; cuflash/_plan.py picks them):
+//   T        fp16 | bf16
+//   Tile = ForwardTileSm90<HD, B_c, STAGES>: HD the head dim padded to a multiple of 64 (the
+//            real d is zero-filled by TMA past its end), B_c keys per column block, STAGES
+//            K/V slots
+//   MaskT = Mask<CAUSAL>
+#include "common.cuh"
+#include "hopper.cuh"
+#include "params.cuh"
+#include "seqinfo.cuh"
+#include "mask.cuh"
+#include "block_range.cuh"
+#include "score.cuh"
+#include "softmax.cuh"
+
+namespace cuflash {
+
+template <int HD_, int B_c_, int STAGES_>
+struct ForwardTileSm90 {
+    static constexpr int HD = HD_, B_r = 128, B_c = B_c_, STAGES = STAGES_;
+    static constexpr int NTHREADS = 384;     // producer + 2 consumer warpgroups
+    static constexpr int GROUPS = HD / 64;   // 64-column groups of the head dim
+    static constexpr int NT_S = B_c / 8;     // n8 tiles across S_ij (per consumer: 64 rows)
+    static constexpr int NT_O = HD / 8;      // n8 tiles across O~_i
+    // Shared memory (bytes): Q_i, STAGES x (K_j, V_j), then the mbarriers; 1024 more so that
+    // the tiles can start on a 1024-byte boundary whatever the base.
+    static constexpr int Q_BYTES = B_r * HD * 2;
+    static constexpr int KV_BYTES = B_c * HD * 2;  // one of K_j, V_j
+    static constexpr int BAR_BYTES = 8 * (1 + 3 * STAGES);
+    static constexpr int SMEM_BYTES = 1024 + Q_BYTES + 2 * STAGES * KV_BYTES + BAR_BYTES;
+    static constexpr int CONSUMER_REGS = 240, PRODUCER_REGS = 24;
+
+    static_assert(HD % 64 == 0 && HD <= 256, "head dim padded to a multiple of 64, <= 256");
+    static_assert(B_c % 16 == 0 && B_c <= 256, "B_c: whole k16 steps of P V, one wgmma");
+    static_assert(STAGES >= 2, "at least two K/V slots");
+};
+
+template <typename T, typename Tile, typename MaskT>
+__global__ void __launch_bounds__(Tile::NTHREADS, 1)
+fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
+    constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, STAGES = Tile::STAGES;
+    constexpr int GROUPS = Tile::GROUPS, NT_S = Tile::NT_S, NT_O = Tile::NT_O;
+    using Score = ScoreScale;
+
+    // Shared memory, carved from a 1024-byte aligned base: Q_i, K slots, V slots, barriers.
+    extern __shared__ __attribute__((aligned(1024))) unsigned char smem_raw[];
+    const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const unsigned sQ = base;
+    auto sK = [&](int stage) { return sQ + Tile::Q_BYTES + stage * Tile::KV_BYTES; };
+    auto sV = [&](int stage) {
+        return sQ + Tile::Q_BYTES + (STAGES + stage) * Tile::KV_BYTES;
+    };
+    const unsigned bars = sQ + Tile::Q_BYTES + 2 * STAGES * Tile::KV_BYTES;
+    const unsigned q_full = bars;
+    auto k_full = [&](int stage) { return bars + 8 * (1 + stage); };
+    auto v_full = [&](int stage) { return bars + 8 * (1 + STAGES + stage); };
+    auto kv_free = [&](int stage) { return bars + 8 * (1 + 2 * STAGES + stage); };
+
+    const int tid = threadIdx.x, warpgroup = tid / 128;
+    const int row_block = MaskT::CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
+    const SeqInfo seq = seq_info(p, batch);
+    const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
+    const MaskT mask(p, seqlen_q, seqlen_k);
+    const int row0 = row_block * B_r;
+    const ColumnBlocks cb = column_blocks<B_r, B_c>(mask, row_block);
+
+    if (tid == 0) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(k_full(s), 1);
+            mbar_init(v_full(s), 1);
+            mbar_init(kv_free(s), 8);  // one arrival per consumer warp
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads ------------------------------------------------------
+        regs_decrease<Tile::PRODUCER_REGS>();
+        if (tid == 0) {
+            const int head_k = head / p.group;
+            // Q_i: GROUPS boxes of (64 columns x 128 rows)
+            mbar_arrive_expect_tx(q_full, Tile::Q_BYTES);
+            for (int g = 0; g < GROUPS; ++g)
+                tma_load_4d(sQ + g * (B_r * 128), &p.tm_q, q_full, g * 64,
+                            seq.q_row0() + row0, head, seq.q_batch());
+            // K_j, V_j of the visited column blocks, in order, into slot it % STAGES; a slot
+            // is reused once the consumers have freed it (its previous round).
+            int it = 0;
+            for (int j = cb.begin; j < cb.end; ++j, ++it) {
+                const int stage = it % STAGES, round = it / STAGES;
+                mbar_wait(kv_free(stage), (round & 1) ^ 1);
+                mbar_arrive_expect_tx(k_full(stage), Tile::KV_BYTES);
+                for (int g = 0; g < GROUPS; ++g)
+                    tma_load_4d(sK(stage) + g * (B_c * 128), &p.tm_k, k_full(stage), g * 64,
+                                seq.k_row0() + j * B_c, head_k, seq.k_batch());
+                mbar_arrive_expect_tx(v_full(stage), Tile::KV_BYTES);
+                for (int g = 0; g < GROUPS; ++g)
+                    tma_load_4d(sV(stage) + g * (B_c * 128), &p.tm_v, v_full(stage), g * 64,
+                                seq.k_row0() + j * B_c, head_k, seq.k_batch());
+            }
+        }
+        return;
+    }
+
+    // ---- consumers ----------------------------------------------------------------------
+    regs_increase<Tile::CONSUMER_REGS>();
+    const int wg = warpgroup - 1;          // which 64 rows of Q_i: 64 wg ..
+    const int warp = (tid / 32) % 4, lane = tid % 32;
+    const int row_lane = row0 + 64 * wg + 16 * warp + lane / 4;  // + 8 e2: this lane's rows
+    const Score score(p);
+
+    float o[1][NT_O][4];  // O~_i, unscaled (this warp's 16 rows of the consumer's 64)
+    zero(o);
+    OnlineSoftmax<1, NT_S, NT_O, false, false> softmax;
+
+    mbar_wait(q_full, 0);
+    // This consumer's 64 rows of Q_i: group g at sQ + g * 128 rows * 128 bytes + 64 wg rows.
+    const unsigned q_rows = sQ + wg * 64 * 128;
+
+    // ---- the FA2 inner loop, on wgmma: one step per column block j ------------------------
+    auto step = [&](int j, int it, auto masked) {
+        constexpr bool MASK = decltype(masked)::value;
+        const int stage = it % STAGES, parity = (it / STAGES) & 1;
+        const int col0 = j * B_c;
+
+        // S_ij = Q_i K_j^T: HD / 16 k-steps of m64 n B_c k16; step kk reads 16 head-dim
+        // columns: group kk / 4, byte offset 32 (kk % 4) within the 128-byte rows.
+        float s[1][NT_S][4];
+        mbar_wait(k_full(stage), parity);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+            const unsigned off = (kk % 4) * 32;
+            Wgmma<T, B_c>::ss(s[0], smem_desc(q_rows + (kk / 4) * (B_r * 128) + off, 0, 1024),
+                              smem_desc(sK(stage) + (kk / 4) * (B_c * 128) + off, 0, 1024),
+                              kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(s[0]);
+
+        // Mask (mask.cuh): S_ij[r, c] = -inf where key c is not visible from query r.
+        if (MASK) {
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2) {
+                const KeyRange keys = mask.keys(row_lane + 8 * e2);
+                const int lo = keys.lo - col0, hi = keys.hi - col0;
+#pragma unroll
+                for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+                    for (int e1 = 0; e1 < 2; ++e1)
+                        if (MaskT::hidden(nt * 8 + (lane % 4) * 2 + e1, lo, hi))
+                            s[0][nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
+            }
+        }
+
+        // Online softmax (softmax.cuh): P~_ij in place of S_ij, l_i and O~_i rescaled.
+        softmax.update(s, o, score.exp2_scale, lane);
+
+        // O~_i += P~_ij V_j: B_c / 16 k-steps of m64 n HD k16, P~ from registers (the S
+        // accumulators of n8 tiles 2 kk, 2 kk + 1 are the A fragment of k-step kk), V_j
+        // N-major: k-step kk starts 16 kk rows down, 64-column groups B_c rows apart.
+        unsigned pa[B_c / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < B_c / 16; ++kk) {
+            pa[kk][0] = T::pack(s[0][2 * kk][0], s[0][2 * kk][1]);
+            pa[kk][1] = T::pack(s[0][2 * kk][2], s[0][2 * kk][3]);
+            pa[kk][2] = T::pack(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+            pa[kk][3] = T::pack(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+        }
+        mbar_wait(v_full(stage), parity);
+        fence_accumulators(o[0]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < B_c / 16; ++kk)
+            Wgmma<T, HD>::rs(o[0], pa[kk], smem_desc(sV(stage) + kk * 16 * 128, B_c * 128, 1024),
+                             1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(o[0]);
+        // K_j and V_j are read: free the slot (one arrival per warp).
+        __syncwarp();
+        if (lane == 0) mbar_arrive(kv_free(stage));
+    };
+    // The three phases of the column blocks (block_range.cuh).
+    int j = cb.begin, it = 0;
+    if constexpr (MaskT::LOCAL)
+        for (; j < cb.unmasked_begin; ++j, ++it) step(j, it, Bool<true>{});
+    for (; j < cb.masked_begin; ++j, ++it) step(j, it, Bool<false>{});
+    for (; j < cb.end; ++j, ++it) step(j, it, Bool<true>{});
+
+    // ---- epilogue: O_i = diag(l_i)^-1 O~_i, L_i = m_i + log(l_i) ---------------------------
+#pragma unroll
+    for (int e2 = 0; e2 < 2; ++e2) {
+        const float l_row = softmax.row_sum(0, e2, lane);
+        softmax.normalise(o, 0, e2, l_row);
+        const int row = row_lane + 8 * e2;
+        if (lane % 4 == 0 && row < seqlen_q)
+            p.lse[seq.row_vector(head, nheads) + row] = softmax.lse(0, e2, l_row, score.lse_scale);
+        if (row < seqlen_q) {
+            elem_t* out = p.o + seq.q_offset(p.o_stride_b, p.o_stride_s) + row * p.o_stride_s +
+                          head * p.o_stride_h;
+#pragma unroll
+            for (int nt = 0; nt < NT_O; ++nt) {
+                const int col = nt * 8 + (lane % 4) * 2;
+                if (col < p.d)
+                    *reinterpret_cast<unsigned*>(out + col) =
+                        T::pack(o[0][nt][e2 * 2], o[0][nt][e2 * 2 + 1]);
+            }
+        }
+    }
+}
+
+}  // namespace cuflash
