@@ -385,7 +385,7 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
             _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose,
                          qkv_strides, out_strides)
             return out, lse
-        if config is None and _uses_sm90(cupy, device_id) and all(
+        if config is None and seqlen_k > 0 and _uses_sm90(cupy, device_id) and all(
                 _tma.usable(x.data.ptr, x.shape, s, x.itemsize)
                 for x, s in zip((q, k, v), qkv_strides)):
             _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose,

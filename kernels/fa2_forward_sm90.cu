@@ -8,7 +8,9 @@
 //       O~_i   = diag(e^(m_i - m_new)) O~_i + P~_ij V_j  (wgmma, P~ from registers)
 //       m_i    = m_new
 //   and at the end  O_i = diag(l_i)^-1 O~_i,  L_i = m_i + log(l_i).
-// The inner loop is under "the FA2 inner loop, on wgmma" below.
+// The inner loop is under "the FA2 inner loop, on wgmma" below. While the softmax of block j
+// runs, the tensor cores compute S for block j + 1 (FlashAttention-3's intra-warpgroup
+// overlap), and P~_ij V_j runs while the next step issues its S.
 //
 // Work split (three warpgroups of 128 threads):
 //   warpgroup 0, the producer: one thread issues the TMA loads (Q_i once, then K_j and V_j
@@ -16,8 +18,10 @@
 //   warpgroups 1 and 2, the consumers: each owns 64 of the B_r = 128 rows of Q_i and runs the
 //     loop above on them; a consumer frees a slot (an mbarrier arrival per warp) once its
 //     P~V has read V_j.
-// Each slot has three mbarriers: K_j landed, V_j landed (separate, so that S = Q K^T starts
-// before V_j is in), and the slot is free again.
+// Each slot has four mbarriers: K_j landed, V_j landed (separate, so that S = Q K^T starts
+// before V_j is in), K_j read, V_j read (separate, so that K_(j+2) can load while P~V still
+// reads V_j: with the overlap, step j issues S for block j + 1 before P~V of j - 1 is known
+// to be done, and a slot shared by K and V would deadlock two stages).
 //
 // Shared-memory layout: every tile is stored as TMA writes it with the 128-byte swizzle, in
 // column groups of 64 head-dim elements (128 bytes per row): tile[g][row][64], HD / 64 groups.
@@ -31,9 +35,9 @@
 //
 // Variants (template parameters; cuflash/_plan.py picks them):
 //   T        fp16 | bf16
-//   Tile = ForwardTileSm90<HD, B_c, STAGES>: HD the head dim padded to a multiple of 64 (the
-//            real d is zero-filled by TMA past its end), B_c keys per column block, STAGES
-//            K/V slots
+//   Tile = ForwardTileSm90<HD, B_c, STAGES, OVERLAP>: HD the head dim padded to a multiple of 64
+//            (the real d is zero-filled by TMA past its end), B_c keys per column block, STAGES
+//            K/V slots, OVERLAP the intra-warpgroup overlap of S_(j+1) with softmax_j
 //   MaskT = Mask<CAUSAL>
 #include "common.cuh"
 #include "hopper.cuh"
@@ -46,9 +50,12 @@
 
 namespace cuflash {
 
-template <int HD_, int B_c_, int STAGES_>
+template <int HD_, int B_c_, int STAGES_, bool OVERLAP_>
 struct ForwardTileSm90 {
     static constexpr int HD = HD_, B_r = 128, B_c = B_c_, STAGES = STAGES_;
+    // OVERLAP: S for block j + 1 is computed while the softmax of block j runs (a second S
+    // buffer in registers: on where it fits without spills, see cuflash/_plan.py).
+    static constexpr bool OVERLAP = OVERLAP_;
     static constexpr int NTHREADS = 384;     // producer + 2 consumer warpgroups
     static constexpr int GROUPS = HD / 64;   // 64-column groups of the head dim
     static constexpr int NT_S = B_c / 8;     // n8 tiles across S_ij (per consumer: 64 rows)
@@ -57,7 +64,7 @@ struct ForwardTileSm90 {
     // the tiles can start on a 1024-byte boundary whatever the base.
     static constexpr int Q_BYTES = B_r * HD * 2;
     static constexpr int KV_BYTES = B_c * HD * 2;  // one of K_j, V_j
-    static constexpr int BAR_BYTES = 8 * (1 + 3 * STAGES);
+    static constexpr int BAR_BYTES = 8 * (1 + 4 * STAGES);
     static constexpr int SMEM_BYTES = 1024 + Q_BYTES + 2 * STAGES * KV_BYTES + BAR_BYTES;
     static constexpr int CONSUMER_REGS = 240, PRODUCER_REGS = 24;
 
@@ -85,7 +92,8 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     const unsigned q_full = bars;
     auto k_full = [&](int stage) { return bars + 8 * (1 + stage); };
     auto v_full = [&](int stage) { return bars + 8 * (1 + STAGES + stage); };
-    auto kv_free = [&](int stage) { return bars + 8 * (1 + 2 * STAGES + stage); };
+    auto k_free = [&](int stage) { return bars + 8 * (1 + 2 * STAGES + stage); };
+    auto v_free = [&](int stage) { return bars + 8 * (1 + 3 * STAGES + stage); };
 
     const int tid = threadIdx.x, warpgroup = tid / 128;
     const int row_block = MaskT::CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -101,7 +109,8 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);
             mbar_init(v_full(s), 1);
-            mbar_init(kv_free(s), 8);  // one arrival per consumer warp
+            mbar_init(k_free(s), 8);  // one arrival per consumer warp
+            mbar_init(v_free(s), 8);
         }
         mbar_init_fence();
     }
@@ -122,11 +131,12 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             int it = 0;
             for (int j = cb.begin; j < cb.end; ++j, ++it) {
                 const int stage = it % STAGES, round = it / STAGES;
-                mbar_wait(kv_free(stage), (round & 1) ^ 1);
+                mbar_wait(k_free(stage), (round & 1) ^ 1);
                 mbar_arrive_expect_tx(k_full(stage), Tile::KV_BYTES);
                 for (int g = 0; g < GROUPS; ++g)
                     tma_load_4d(sK(stage) + g * (B_c * 128), &p.tm_k, k_full(stage), g * 64,
                                 seq.k_row0() + j * B_c, head_k, seq.k_batch());
+                mbar_wait(v_free(stage), (round & 1) ^ 1);
                 mbar_arrive_expect_tx(v_full(stage), Tile::KV_BYTES);
                 for (int g = 0; g < GROUPS; ++g)
                     tma_load_4d(sV(stage) + g * (B_c * 128), &p.tm_v, v_full(stage), g * 64,
@@ -151,16 +161,12 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     // This consumer's 64 rows of Q_i: group g at sQ + g * 128 rows * 128 bytes + 64 wg rows.
     const unsigned q_rows = sQ + wg * 64 * 128;
 
-    // ---- the FA2 inner loop, on wgmma: one step per column block j ------------------------
-    auto step = [&](int j, int it, auto masked) {
-        constexpr bool MASK = decltype(masked)::value;
-        const int stage = it % STAGES, parity = (it / STAGES) & 1;
-        const int col0 = j * B_c;
-
-        // S_ij = Q_i K_j^T: HD / 16 k-steps of m64 n B_c k16; step kk reads 16 head-dim
-        // columns: group kk / 4, byte offset 32 (kk % 4) within the 128-byte rows.
-        float s[1][NT_S][4];
-        mbar_wait(k_full(stage), parity);
+    // S_ij = Q_i K_j^T for the it-th visited block j, issued (not awaited): HD / 16 k-steps
+    // of m64 n B_c k16; step kk reads 16 head-dim columns: group kk / 4, byte offset 32 (kk % 4)
+    // within the 128-byte rows.
+    auto issue_s = [&](float (&s)[1][NT_S][4], int it) {
+        const int stage = it % STAGES;
+        mbar_wait(k_full(stage), (it / STAGES) & 1);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk) {
@@ -170,11 +176,41 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                               kk > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
-        fence_accumulators(s[0]);
+    };
 
-        // Mask (mask.cuh): S_ij[r, c] = -inf where key c is not visible from query r.
-        if (MASK) {
+    // ---- the FA2 inner loop, on wgmma: one step per column block j ------------------------
+    // Step it works on S_ij in `s` (issued by the step before) and issues S for the next block
+    // into `s_next` first, so that the tensor cores compute it while this step's softmax runs
+    // on the other units (FlashAttention-3's intra-warpgroup overlap). Two S buffers take
+    // turns: the loop below runs the steps in pairs, (a, b) then (b, a).
+    const int n = cb.end - cb.begin;  // column blocks visited
+    auto step = [&](float (&s)[1][NT_S][4], float (&s_next)[1][NT_S][4], int it) {
+        const int j = cb.begin + it, col0 = j * B_c;
+        const int stage = it % STAGES, parity = (it / STAGES) & 1;
+        const bool has_next = Tile::OVERLAP && it + 1 < n;
+        if (!Tile::OVERLAP) issue_s(s, it);  // (no overlap: S_ij now, one S buffer)
+        if (has_next) issue_s(s_next, it + 1);
+        // In flight: S_ij and the previous step's P~V (older), S for the next block (newest).
+        // Wait for all but the newest.
+        if (has_next)
+            wgmma_wait<1>();
+        else
+            wgmma_wait<0>();
+        fence_accumulators(s[0]);
+        fence_accumulators(o[0]);
+        // OVERLAP: K_j is read (S_ij is done), and so is the previous step's V (its P~V is
+        // done): free them (one arrival per warp). (Without the overlap, at the end of the step.)
+        if (Tile::OVERLAP) {
+            __syncwarp();
+            if (lane == 0) {
+                mbar_arrive(k_free(stage));
+                if (it > 0) mbar_arrive(v_free((it - 1) % STAGES));
+            }
+        }
+
+        // Mask (mask.cuh), on blocks that cross a mask limit or the end of K (block_range.cuh):
+        // S_ij[r, c] = -inf where key c is not visible from query r.
+        if (j >= cb.masked_begin || (MaskT::LOCAL && j < cb.unmasked_begin)) {
 #pragma unroll
             for (int e2 = 0; e2 < 2; ++e2) {
                 const KeyRange keys = mask.keys(row_lane + 8 * e2);
@@ -194,6 +230,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         // O~_i += P~_ij V_j: B_c / 16 k-steps of m64 n HD k16, P~ from registers (the S
         // accumulators of n8 tiles 2 kk, 2 kk + 1 are the A fragment of k-step kk), V_j
         // N-major: k-step kk starts 16 kk rows down, 64-column groups B_c rows apart.
+        // Issued, not awaited: the next step waits for it before it rescales O~_i.
         unsigned pa[B_c / 16][4];
 #pragma unroll
         for (int kk = 0; kk < B_c / 16; ++kk) {
@@ -203,25 +240,35 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             pa[kk][3] = T::pack(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
         }
         mbar_wait(v_full(stage), parity);
-        fence_accumulators(o[0]);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < B_c / 16; ++kk)
             Wgmma<T, HD>::rs(o[0], pa[kk], smem_desc(sV(stage) + kk * 16 * 128, B_c * 128, 1024),
                              1);
         wgmma_commit();
-        wgmma_wait<0>();
-        fence_accumulators(o[0]);
-        // K_j and V_j are read: free the slot (one arrival per warp).
-        __syncwarp();
-        if (lane == 0) mbar_arrive(kv_free(stage));
+        if (!Tile::OVERLAP) {  // P~V awaited here; K_j and V_j are read: free the slot
+            wgmma_wait<0>();
+            fence_accumulators(o[0]);
+            __syncwarp();
+            if (lane == 0) {
+                mbar_arrive(k_free(stage));
+                mbar_arrive(v_free(stage));
+            }
+        }
     };
-    // The three phases of the column blocks (block_range.cuh).
-    int j = cb.begin, it = 0;
-    if constexpr (MaskT::LOCAL)
-        for (; j < cb.unmasked_begin; ++j, ++it) step(j, it, Bool<true>{});
-    for (; j < cb.masked_begin; ++j, ++it) step(j, it, Bool<false>{});
-    for (; j < cb.end; ++j, ++it) step(j, it, Bool<true>{});
+    float s_a[1][NT_S][4];
+    if constexpr (Tile::OVERLAP) {
+        float s_b[1][NT_S][4];
+        if (n > 0) issue_s(s_a, 0);
+        for (int it = 0; it < n; it += 2) {
+            step(s_a, s_b, it);
+            if (it + 1 < n) step(s_b, s_a, it + 1);
+        }
+    } else {
+        for (int it = 0; it < n; ++it) step(s_a, s_a, it);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(o[0]);
 
     // ---- epilogue: O_i = diag(l_i)^-1 O~_i, L_i = m_i + log(l_i) ---------------------------
 #pragma unroll

@@ -30,6 +30,23 @@ def warm_kernels():
     cuflash.precompile(fa1=True)
 
 
+def _uses_hopper_family() -> bool:
+    return cp.cuda.Device().compute_capability == "90"
+
+
+@pytest.fixture(params=["default", "portable"])
+def family(request):
+    """Each FA2 forward test runs on both kernel families: as forward() dispatches (the Hopper
+    family on an sm_90 GPU) and under cuflash.portable_kernels() (the mma.sync kernels)."""
+    if request.param == "portable":
+        if not _uses_hopper_family():
+            pytest.skip("on this GPU the default family is the portable one (tested as default)")
+        with cuflash.portable_kernels():
+            yield request.param
+    else:
+        yield request.param
+
+
 def make_qkv(shape_q, shape_k, dtype, strided, scale_q=1.0, scale_kv=1.0):
     """q, k, v as the API wants them; strided=True gives (b, h, s, d) buffers seen through
     .transpose(0, 2, 1, 3), i.e. non-contiguous head and sequence strides."""
@@ -71,7 +88,7 @@ def _cases():
 @pytest.mark.parametrize(
     "d,dt,causal,batch,sq,sk,h,hk,strided", _cases(),
     ids=lambda x: str(x))
-def test_forward_accuracy_grid(d, dt, causal, batch, sq, sk, h, hk, strided):
+def test_forward_accuracy_grid(d, dt, causal, batch, sq, sk, h, hk, strided, family):
     q, k, v = make_qkv((batch, sq, h, d), (batch, sk, hk, d), DTYPES[dt], strided)
     run_and_check(q, k, v, causal)
 
@@ -110,20 +127,20 @@ def test_fa1_verbose_prints_the_plan(capsys):
 
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
-def test_issue_example_size(dt, causal):
+def test_issue_example_size(dt, causal, family):
     q, k, v = make_qkv((2, 2048, 16, 128), (2, 2048, 16, 128), DTYPES[dt], False)
     run_and_check(q, k, v, causal)
 
 
 @pytest.mark.parametrize("dt", DTYPES)
-def test_custom_softmax_scale(dt):
+def test_custom_softmax_scale(dt, family):
     q, k, v = make_qkv((2, 300, 4, 64), (2, 257, 2, 64), DTYPES[dt], True)
     run_and_check(q, k, v, True, softmax_scale=0.3)
 
 
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_large_magnitude_inputs_stay_finite(dt, d):
+def test_large_magnitude_inputs_stay_finite(dt, d, family):
     q, k, v = make_qkv((2, 517, 4, d), (2, 517, 4, d), DTYPES[dt], False, 5.0, 3.0)
     for causal in (False, True):
         out, lse, _ = run_and_check(q, k, v, causal)
@@ -132,7 +149,7 @@ def test_large_magnitude_inputs_stay_finite(dt, d):
 
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
-def test_row_maxima_rising_across_key_blocks(dt, causal):
+def test_row_maxima_rising_across_key_blocks(dt, causal, family):
     """Keys scaled up every 128 positions: each such jump lifts the row maxima by far more than
     2^8 in P~ and the keys between jumps by much less, so the lazy rescaling of the d 128 tile
     (sm_90, non-causal) both moves m_i and keeps it, within one row block."""
@@ -144,7 +161,7 @@ def test_row_maxima_rising_across_key_blocks(dt, causal):
 
 
 @pytest.mark.parametrize("dt", DTYPES)
-def test_fully_masked_rows(dt):
+def test_fully_masked_rows(dt, family):
     """seqlen_q > seqlen_k with a bottom-right causal mask: the first rows see no key."""
     q, k, v = make_qkv((2, 300, 4, 64), (2, 100, 4, 64), DTYPES[dt], False)
     out, lse, _ = run_and_check(q, k, v, True)
@@ -161,13 +178,13 @@ def test_empty_inputs():
     assert out.shape == (2, 0, 2, 64) and lse.shape == (2, 2, 0)
 
 
-def test_no_keys_gives_zero_output():
+def test_no_keys_gives_zero_output(family):
     q, k, v = make_qkv((1, 5, 2, 64), (1, 0, 2, 64), np.float16, False)
     out, lse, _ = run_and_check(q, k, v, False)
     assert bool((out == 0).all()) and bool(cp.isneginf(lse).all())
 
 
-def test_strided_output_buffer():
+def test_strided_output_buffer(family):
     q, k, v = make_qkv((2, 129, 4, 96), (2, 129, 4, 96), np.float16, False)
     out = cp.full((2, 4, 129, 96), np.nan, np.float16).transpose(0, 2, 1, 3)
     cuflash.forward(q, k, v, out=out)
@@ -176,7 +193,7 @@ def test_strided_output_buffer():
     assert_accurate(cp, out, naive, O_ref, 2.0, "out")
 
 
-def test_packed_qkv_and_misaligned_views():
+def test_packed_qkv_and_misaligned_views(family):
     """Views into a packed (b, s, 3, h, d) buffer, and a view at an odd element offset
     (not 16-byte aligned: cuflash copies it, the answer is still right)."""
     qkv = rand(cp, (2, 200, 3, 4, 64), np.float16)
@@ -188,7 +205,7 @@ def test_packed_qkv_and_misaligned_views():
     run_and_check(q_odd, k, v, False)
 
 
-def test_repeatable_bitwise():
+def test_repeatable_bitwise(family):
     """Same inputs, same bits: a changing answer would be a race."""
     q, k, v = make_qkv((2, 1000, 8, 128), (2, 1000, 4, 128), np.float16, False)
     for causal in (False, True):
@@ -218,7 +235,7 @@ def test_concurrent_calls_from_host_threads():
         assert all(pool.map(run, range(6)))
 
 
-def test_runs_on_current_stream():
+def test_runs_on_current_stream(family):
     q, k, v = make_qkv((2, 333, 4, 64), (2, 333, 4, 64), ml_dtypes.bfloat16, False)
     # q, k, v were written on the default stream, which a non-blocking stream does not wait
     # for: the caller orders the streams (the test did not, and read unwritten inputs when
@@ -270,3 +287,16 @@ def test_every_shipped_config_is_used_on_this_device():
     for HD in _plan.HEAD_DIM_BUCKETS:
         for causal in (False, True):
             assert _plan.forward_config(HD, causal, limit).smem_bytes <= limit
+
+
+def test_hopper_family_is_the_default_on_sm90(capsys):
+    """On an sm_90 GPU forward() runs the Hopper kernel (its verbose plan says so), and
+    portable_kernels() turns it off."""
+    if not _uses_hopper_family():
+        pytest.skip("not an sm_90 GPU: the Hopper family does not run here")
+    q, k, v = make_qkv((1, 256, 2, 64), (1, 256, 2, 64), DTYPES["bf16"], False)
+    cuflash.forward(q, k, v, verbose=True)
+    assert "Hopper plan" in capsys.readouterr().out
+    with cuflash.portable_kernels():
+        cuflash.forward(q, k, v, verbose=True)
+    assert "Hopper plan" not in capsys.readouterr().out

@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cuflash import _api, _loader, _params, _plan, _registry
+from cuflash import _api, _loader, _params, _plan, _registry, _tma
 
 BF16 = ml_dtypes.bfloat16
 
@@ -112,7 +112,7 @@ def fake(monkeypatch):
             values = {}
             for name, ctype, _, off in params.struct.members:
                 fmt = "<Q" if "*" in ctype else "<q" if ctype == "long long" else \
-                    "<i" if ctype == "int" else "<f"
+                    "<i" if ctype == "int" else "<128s" if ctype == "TensorMap" else "<f"
                 values[name] = struct.unpack_from(fmt, params.buf, off)[0]
             launches.append((self.kernel.name, tuple(grid), block, smem, values))
 
@@ -138,7 +138,8 @@ def _qkv(b, sq, sk, h, hk, d, dtype=np.float16):
 @pytest.mark.parametrize("d,sk", [(64, 700), (64, 5000), (128, 300), (96, 1000)])
 def test_forward_packs_every_field_and_plans_the_grid(fake, causal, d, sk):
     q, k, v = _qkv(2, 333, sk, 8, 2, d)
-    out, lse = _api.forward(q, k, v, causal=causal)
+    with _api.portable_kernels():  # (the stand-in GPU is an sm_90 one)
+        out, lse = _api.forward(q, k, v, causal=causal)
     ((name, grid, block, smem, p),) = fake
     cfg = _plan.forward_config(_plan.head_dim_bucket(d), causal, 227 * 1024, sk)
     assert name == _plan.forward_kernel_name("float16", cfg, causal)
@@ -149,6 +150,37 @@ def test_forward_packs_every_field_and_plans_the_grid(fake, causal, d, sk):
     assert p["q_stride_s"] == 8 * d and p["k_stride_b"] == sk * 2 * d and p["o_stride_h"] == d
     assert p["softmax_scale"] == pytest.approx(d ** -0.5)
     assert p["scale_log2"] == pytest.approx(d ** -0.5 * np.log2(np.e), rel=1e-6)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [8, 64, 96, 128, 200, 256])
+def test_sm90_forward_packs_tensor_maps_and_fields(fake, monkeypatch, causal, d):
+    """On an sm_90 GPU the forward launches the Hopper kernel with three tensor maps, each
+    encoded from its array's address, (d, seqlen, heads, batch) sizes, byte strides and box,
+    and the same fields as the portable forward."""
+    import ctypes
+
+    def encoder(addr, dtype, rank, ptr, dims, strides, box, elem, *modes):
+        words = [dtype, rank, ptr, *dims[:4], *strides[:3], *box[:4], *modes]
+        data = struct.pack(f"<{len(words)}q", *words)
+        ctypes.memmove(addr, data, len(data))
+        return 0
+
+    monkeypatch.setattr(_tma, "_encode", encoder)
+    monkeypatch.setattr(_tma, "_cache", {})
+    q, k, v = _qkv(2, 333, 700, 8, 2, d, BF16)
+    out, lse = _api.forward(q, k, v, causal=causal)
+    ((name, grid, block, smem, p),) = fake
+    cfg = _plan.sm90_forward_config(d, causal)
+    assert name == _plan.sm90_forward_kernel_name("bfloat16", cfg, causal)
+    assert grid == (-(-333 // 128), 8, 2) and block == 384 and smem == cfg.smem_bytes
+    for field, x, rows in (("tm_q", q, 128), ("tm_k", k, cfg.B_c), ("tm_v", v, cfg.B_c)):
+        b, s, h, _ = x.shape
+        words = struct.unpack_from("<15q", p[field])
+        assert words == (9, 4, x.data.ptr, d, s, h, b, h * d * 2, d * 2, s * h * d * 2,
+                         64, rows, 1, 1, 0), field
+    assert (p["q"], p["o"], p["lse"]) == (q.data.ptr, out.data.ptr, lse.data.ptr)
+    assert (p["seqlen_q"], p["seqlen_k"], p["d"], p["group"]) == (333, 700, d, 4)
 
 
 def test_fa1_launches_main_and_finalize_on_one_struct(fake):
@@ -212,6 +244,6 @@ def test_backward_with_dq_atomics_and_splits(fake, monkeypatch):
 
 def test_registry_lists_every_variant_source():
     assert {v.source for v in _registry.VARIANTS} == \
-        {_plan.FORWARD_FILE, _plan.BACKWARD_FILE, _plan.FA1_FILE}
+        {_plan.FORWARD_FILE, _plan.BACKWARD_FILE, _plan.FA1_FILE, _plan.SM90_FORWARD_FILE}
     for v in _registry.VARIANTS:
-        assert v.params in (_params.FWD, _params.BWD)
+        assert v.params in _params.STRUCTS
