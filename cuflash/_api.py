@@ -444,9 +444,18 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
               f"{cfg.HD}, grid {grid} (row blocks, heads, batch), {cfg.smem_bytes} bytes of "
               f"shared memory")
     qs, ks, vs = qkv_strides
-    tm_q = _tma.tensor_map(q.data.ptr, dtype_name, q.shape, qs, cfg.B_r)
-    tm_k = _tma.tensor_map(k.data.ptr, dtype_name, k.shape, ks, cfg.B_c)
-    tm_v = _tma.tensor_map(v.data.ptr, dtype_name, v.shape, vs, cfg.B_c)
+    # the three tensor maps, looked up together (one dict lookup per call once cached)
+    maps_key = (q.data.ptr, k.data.ptr, v.data.ptr, q.shape, k.shape, qkv_strides, dtype_name,
+                cfg.B_c)
+    maps = _qkv_maps.get(maps_key)
+    if maps is None:
+        if len(_qkv_maps) >= 1024:
+            _qkv_maps.clear()
+        maps = _qkv_maps[maps_key] = (
+            _tma.tensor_map(q.data.ptr, dtype_name, q.shape, qs, cfg.B_r),
+            _tma.tensor_map(k.data.ptr, dtype_name, k.shape, ks, cfg.B_c),
+            _tma.tensor_map(v.data.ptr, dtype_name, v.shape, vs, cfg.B_c))
+    tm_q, tm_k, tm_v = maps
     with params.lock:
         params.pack(tm_q=tm_q, tm_k=tm_k, tm_v=tm_v, q=q.data.ptr, k=k.data.ptr,
                     v=v.data.ptr, o=out.data.ptr, lse=lse.data.ptr, q_strides=qs,
@@ -456,6 +465,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
         kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, params)
 
 
+_qkv_maps: dict = {}
 _portable_only = False
 
 
