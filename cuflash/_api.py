@@ -315,6 +315,12 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
         O/l/m round-tripping through HBM), for study and comparison; same outputs.
     verbose : bool, print the launch plan (block sizes and how they were chosen).
 
+    On an H100/H200 (compute capability 9.0) the FA2 forward runs the Hopper kernel family
+    (TMA, wgmma, warp specialisation; kernels/fa2_forward_sm90.cu) where TMA can describe q, k
+    and v (16-byte aligned, strides multiples of 16 bytes); elsewhere, and inside
+    ``with cuflash.portable_kernels():``, the portable mma.sync kernel. Both compute the same
+    function to the same accuracy rule.
+
     Returns
     -------
     out : cupy.ndarray, (batch, seqlen_q, nheads, headdim), q's dtype
