@@ -18,11 +18,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> int:
-    import cupy as cp
     import ml_dtypes
 
     import cuflash
     from cuflash import reference
+    try:
+        import cupy as cp
+    except ImportError:
+        print("sm90_check: CuPy is not installed; nothing was run")
+        return 2
+    if not cp.cuda.is_available():
+        print("sm90_check: no CUDA GPU visible; nothing was run")
+        return 2
 
     rng = np.random.default_rng(0)
     shapes = [  # batch, seqlen_q, seqlen_k, heads, heads_k, d, causal, dtype

@@ -96,7 +96,8 @@ def test_config_from_shape_reads_the_bench_notation():
     [str(BENCH / "bench.py")],
     ["-m", "cuflash.demo"],
     ["-c", "import cuflash; cuflash.precompile()"],
-], ids=["bench", "demo", "precompile"])
+    [str(BENCH / "sm90_check.py")],
+], ids=["bench", "demo", "precompile", "sm90_check"])
 def test_no_gpu_is_said_plainly(cmd):
     """With no GPU visible (CUDA_VISIBLE_DEVICES empty), the bench, the demo and precompile()
     say "no CUDA GPU" instead of failing with a CUDA driver traceback."""
