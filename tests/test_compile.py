@@ -1,5 +1,5 @@
 """CPU: every kernel specialisation compiles with no register spills for the architecture
-class it is planned for (sm_80 / sm_90, _plan.ARCH_SMEM), the
+class it is planned for (sm_80 / sm_90 / sm_90a, _plan.ARCH_SMEM), the Hopper kernels on wgmma, the
 loader inlines headers so that the cache key follows them, and compile errors name the file
 and line. Uses the machine's nvcc (no GPU needed)."""
 
@@ -148,3 +148,55 @@ def test_nvrtc_check_reports_errors(tmp_path, monkeypatch):
     monkeypatch.setattr(_loader, "KERNEL_DIR", tmp_path)
     with pytest.raises(RuntimeError, match=r"common.cuh:3: .*undefined_name"):
         compile_check.nvrtc_compile("k.cu", [], "80")
+
+
+def _cuobjdump():
+    import os
+    import shutil
+    found = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if not found and NVCC:
+        beside = os.path.join(os.path.dirname(NVCC), "cuobjdump")
+        found = beside if os.path.isfile(beside) else None
+    return found
+
+
+def _hopper_source(tmp_path):
+    names = [n for f, n in _plan.all_specialisations("90a") if "bf16" in n and "<false>" in n]
+    assert names
+    src = tmp_path / "k.cu"
+    src.write_text(compile_check.instantiation_source(_plan.SM90_FORWARD_FILE, names))
+    return src, names
+
+
+def _nvcc(*args):
+    import subprocess
+    subprocess.run([NVCC, *args, _plan.SM90A_NVCC_ARCH, *_loader.NVRTC_OPTIONS], check=True,
+                   capture_output=True)
+
+
+@needs_nvcc
+def test_hopper_kernels_use_wgmma_and_tma(tmp_path):
+    """The Hopper forward's PTX (one specialisation per head-dim bucket) has its matmuls on
+    wgmma.mma_async, its loads on cp.async.bulk.tensor, and no mma.sync."""
+    import re
+    src, names = _hopper_source(tmp_path)
+    _nvcc("-ptx", "-o", str(tmp_path / "k.ptx"), str(src))
+    text = (tmp_path / "k.ptx").read_text()
+    assert len(re.findall(r"\.visible \.entry \w+\(", text)) == len(names)  # (definitions)
+    assert text.count("wgmma.mma_async") >= 2 * len(names)
+    assert "cp.async.bulk.tensor.4d" in text and "mma.sync" not in text
+
+
+@needs_nvcc
+def test_hopper_sass_is_hgmma(tmp_path):
+    """Where a cuobjdump is found (PATH, beside nvcc, or $CUOBJDUMP): the SASS of the Hopper
+    forward has HGMMA and no HMMA (mma.sync) at all."""
+    import subprocess
+    cuobjdump = _cuobjdump()
+    if cuobjdump is None:
+        pytest.skip("no cuobjdump here (PATH, beside nvcc, $CUOBJDUMP): SASS not read")
+    src, names = _hopper_source(tmp_path)
+    _nvcc("-cubin", "-o", str(tmp_path / "k.cubin"), str(src))
+    sass = subprocess.run([cuobjdump, "-sass", str(tmp_path / "k.cubin")], check=True,
+                          capture_output=True, text=True).stdout
+    assert sass.count("HGMMA") >= 2 * len(names) and " HMMA" not in sass
