@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from cuflash import _plan
 from cuflash import reference as ref
 
 
@@ -90,6 +91,21 @@ def test_tiled_forward_equals_naive(case, causal, tiled):
     O, L = ref.attention_naive(q, k, v, causal)
     O2, L2 = tiled(q, k, v, causal, B_r=B_r, B_c=B_c)
     _assert_same(O, L, O2, L2, 1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("tile", sorted(set(_plan.SM90_FORWARD_TILES.values()),
+                                        key=lambda t: (t.HD, t.B_c)),
+                         ids=lambda t: f"HD{t.HD}_Bc{t.B_c}")
+def test_hopper_tiles_visit_the_right_blocks(tile, causal):
+    """The Hopper forward's tiles (B_r = 128, its B_c) through the kernels' block ranges
+    (three phases, the element mask only on masked blocks): equal to naive attention for
+    seqlen_q below, equal to and above seqlen_k, lengths that are not tile multiples."""
+    for sq, sk in ((129, 300), (300, 129), (257, 257), (1, 97)):
+        q, k, v = case_inputs((1, sq, sk, 2, 1, 8), tile.B_c)
+        O, L = ref.attention_naive(q, k, v, causal)
+        O2, L2 = ref.attention_fa2_tiled(q, k, v, causal, B_r=tile.B_r, B_c=tile.B_c)
+        _assert_same(O, L, O2, L2, 1e-12)
 
 
 @pytest.mark.parametrize("causal", [False, True])
