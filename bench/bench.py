@@ -6,6 +6,7 @@
     python bench/bench.py --grid --json bench/results/grid.json     # the standard grid
     python bench/bench.py --grid --dtypes bf16 --headdims 128 --seqlens 1024,4096 --passes fwd
     python bench/bench.py --configs 128x32x4,64x64x4                 # FA2 forward tile shapes
+    python bench/bench.py --configs h128x2,h176x2,h128x2o            # Hopper forward tiles
     python bench/bench.py --pass bwd --configs 64x128x8x2x4x2x2      # FA2 backward tile shapes
 
 Providers (--providers): cuflash (FA2), cuflash-fa1 (FlashAttention-1 loop order, forward
@@ -156,12 +157,17 @@ class Point:
     def callables(self, provider, cfg=None):
         """{label: fn} for a provider at this point (empty if it does not apply)."""
         import cuflash
-        from cuflash import _api
+        from cuflash import _api, _plan
         cp, causal = self.cp, self.causal
         if provider == "cuflash" and self.which == "fwd":
             q, k, v = self.inputs()
-            return {"cuflash" if cfg is None else
-                    f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w kv{cfg.kv_stages}":
+            if isinstance(cfg, _plan.Sm90ForwardConfig):
+                label = (f"cuflash-sm90 {cfg.B_r}x{cfg.B_c} s{cfg.stages}"
+                         + (" overlap" if cfg.overlap else ""))
+            else:
+                label = ("cuflash" if cfg is None else
+                         f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w kv{cfg.kv_stages}")
+            return {label:
                     lambda: _api._forward(q, k, v, causal, None, None, None, "fa2", False,
                                           cfg)}
         if provider == "cuflash" and self.which == "bwd":

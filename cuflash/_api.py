@@ -391,11 +391,14 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
             _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose,
                          qkv_strides, out_strides)
             return out, lse
-        if config is None and seqlen_k > 0 and _uses_sm90(cupy, device_id) and all(
-                _tma.usable(x.data.ptr, x.shape, s, x.itemsize)
-                for x, s in zip((q, k, v), qkv_strides)):
+        hopper_tile = isinstance(config, _plan.Sm90ForwardConfig)
+        if hopper_tile and not _uses_sm90(cupy, device_id, ignore_switch=True):
+            raise ValueError("a Hopper tile (bench notation hBcxStages) needs an sm_90 GPU")
+        if (hopper_tile or config is None and _uses_sm90(cupy, device_id)) and seqlen_k > 0 \
+                and all(_tma.usable(x.data.ptr, x.shape, s, x.itemsize)
+                        for x, s in zip((q, k, v), qkv_strides)):
             _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose,
-                          qkv_strides, out_strides)
+                          qkv_strides, out_strides, config if hopper_tile else None)
             return out, lse
         # The tile shape and compiled kernel for this (device, dtype, d, mask, short keys or
         # not), looked up once.
@@ -430,15 +433,16 @@ _forward_launches: dict = {}
 
 
 def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qkv_strides,
-                  out_strides):
+                  out_strides, config=None):
     """The Hopper forward (kernels/fa2_forward_sm90.cu): TMA loads through tensor maps of q,
-    k and v (cuflash/_tma.py, cached by address and layout), wgmma, warp specialisation."""
+    k and v (cuflash/_tma.py, cached by address and layout), wgmma, warp specialisation.
+    config: an explicit tile (the bench's), else the table's."""
     batch, seqlen_q, nheads, d = q.shape
     dtype_name = _dtype_name(q.dtype)
-    key = ("sm90", device_id, q.dtype, d, causal)
+    key = ("sm90", device_id, q.dtype, d, causal, config)
     launch = _forward_launches.get(key)
     if launch is None:
-        plan = _registry.sm90_forward_plan(dtype_name, d, causal)
+        plan = _registry.sm90_forward_plan(dtype_name, d, causal, config)
         launch = _forward_launches[key] = (
             plan.cfg, _launcher(_registry.FA2_FORWARD_SM90, plan, "main"),
             _loader.ParamBuffer(_registry.FA2_FORWARD_SM90.params))
@@ -488,10 +492,10 @@ def portable_kernels():
         _portable_only = saved
 
 
-def _uses_sm90(cupy, device_id: int) -> bool:
+def _uses_sm90(cupy, device_id: int, ignore_switch: bool = False) -> bool:
     """Whether the forward takes the Hopper family on this device: compute capability 9.0
     (wgmma and setmaxnreg are sm_90a instructions) and portable_kernels() not in force."""
-    if _portable_only:
+    if _portable_only and not ignore_switch:
         return False
     props = _device_properties(cupy, device_id)
     return int(props["major"]) == 9 and int(props["minor"]) == 0

@@ -5,6 +5,7 @@ CPU compile check builds all of them)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # Head dims are rounded up to one of these compiled buckets; the real d (a multiple of 8) is
@@ -450,7 +451,15 @@ def backward_config(HD: int, max_smem_bytes: int = 227 * 1024,
 def config_from_shape(which: str, d: int, shape: str, bulk: bool = False):
     """A tile shape written as in bench/bench.py --configs: forward "BrxBcxWarps[xKVstages]",
     backward "BrxBcxWarpsxWMsdpxWMdkvxWMdqxQstages[xDQbulk]" (the dQ mode defaults to two
-    bulk tiles where `bulk`, i.e. sm_90+, else atomics), for head dim d."""
+    bulk tiles where `bulk`, i.e. sm_90+, else atomics), for head dim d; the Hopper forward
+    "hBcxStages[o]" (B_r 128; o: the intra-warpgroup overlap)."""
+    if which == "fwd" and shape.startswith("h"):
+        m = re.fullmatch(r"h(\d+)x(\d+)(o?)", shape)
+        if not m:
+            raise ValueError(f"Hopper tile {shape!r}: hBcxStages, or hBcxStageso for the "
+                             "intra-warpgroup overlap")
+        return Sm90ForwardConfig(sm90_head_dim_bucket(d), int(m[1]), int(m[2]),
+                                 overlap=m[3] == "o")
     n = [int(x) for x in shape.split("x")]
     if which == "fwd":
         return ForwardConfig(head_dim_bucket(d), *n)

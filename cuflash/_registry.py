@@ -68,8 +68,9 @@ FA2_FORWARD = Variant(
 
 # ---- FA2 forward on Hopper (sm_90a: TMA, wgmma, warp specialisation) --------------------------
 
-def sm90_forward_plan(dtype_name: str, d: int, causal: bool) -> Plan:
-    cfg = _plan.sm90_forward_config(d, causal)
+def sm90_forward_plan(dtype_name: str, d: int, causal: bool, config=None) -> Plan:
+    """The Hopper forward's plan (config: an explicit Sm90ForwardConfig, the bench's)."""
+    cfg = config or _plan.sm90_forward_config(d, causal)
     return Plan(cfg, {"main": _plan.sm90_forward_kernel_name(dtype_name, cfg, causal)},
                 {"main": cfg.smem_bytes})
 

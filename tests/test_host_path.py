@@ -183,6 +183,24 @@ def test_sm90_forward_packs_tensor_maps_and_fields(fake, monkeypatch, causal, d)
     assert (p["seqlen_q"], p["seqlen_k"], p["d"], p["group"]) == (333, 700, d, 4)
 
 
+def test_sm90_forward_takes_an_explicit_tile(fake, monkeypatch):
+    """The bench's Hopper tile (an Sm90ForwardConfig passed to _forward) is the one launched;
+    on a GPU that is not sm_90 it is refused."""
+    monkeypatch.setattr(_tma, "_encode", lambda addr, *a: 0)
+    monkeypatch.setattr(_tma, "_cache", {})
+    q, k, v = _qkv(1, 300, 300, 4, 4, 128, BF16)
+    cfg = _plan.Sm90ForwardConfig(128, 176, 2)
+    _api._forward(q, k, v, False, None, None, None, "fa2", False, cfg)
+    ((name, grid, block, smem, _),) = fake
+    assert name == _plan.sm90_forward_kernel_name("bfloat16", cfg, False)
+    assert smem == cfg.smem_bytes and block == 384
+    monkeypatch.setattr(_api, "_cupy", lambda: _fake_cupy(cc=80))
+    monkeypatch.setattr(_api, "_properties", {})
+    monkeypatch.setattr(_api, "_capable_devices", set())
+    with pytest.raises(ValueError, match="sm_90"):
+        _api._forward(q, k, v, False, None, None, None, "fa2", False, cfg)
+
+
 def test_fa1_launches_main_and_finalize_on_one_struct(fake):
     q, k, v = _qkv(1, 200, 300, 4, 4, 128, BF16)
     out, lse = _api.forward(q, k, v, causal=True, algorithm="fa1")
