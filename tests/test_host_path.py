@@ -265,3 +265,15 @@ def test_registry_lists_every_variant_source():
         {_plan.FORWARD_FILE, _plan.BACKWARD_FILE, _plan.FA1_FILE, _plan.SM90_FORWARD_FILE}
     for v in _registry.VARIANTS:
         assert v.params in _params.STRUCTS
+
+
+def test_tma_describes_only_aligned_layouts():
+    """TMA needs a 16-byte aligned start and strides that are multiples of 16 bytes (axes of
+    length 1 excepted); other layouts take the portable kernel."""
+    shape = (2, 100, 4, 64)  # (batch, seq, heads, d), 2-byte elements
+    ok = (100 * 4 * 64, 4 * 64, 64)
+    assert _tma.usable(256, shape, ok, 2)
+    assert not _tma.usable(258, shape, ok, 2)                   # start not 16-byte aligned
+    assert not _tma.usable(256, shape, (100 * 4 * 64, 4 * 64, 60), 2)  # head stride 120 B
+    assert not _tma.usable(256, shape, (0, 4 * 64, 64), 2)      # a broadcast batch axis
+    assert _tma.usable(256, (1, 100, 1, 64), (3, 64, 5), 2)     # length-1 axes: any stride
