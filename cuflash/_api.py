@@ -392,26 +392,21 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
                          qkv_strides, out_strides)
             return out, lse
         hopper_tile = isinstance(config, _plan.Sm90ForwardConfig)
-        if hopper_tile and not _uses_sm90(cupy, device_id, ignore_switch=True):
+        if hopper_tile and _capability(cupy, device_id) != 90:
             raise ValueError("a Hopper tile (bench notation hBcxStages) needs an sm_90 GPU")
         if (hopper_tile or config is None and _uses_sm90(cupy, device_id)) and seqlen_k > 0 \
-                and all(_tma.usable(x.data.ptr, x.shape, s, x.itemsize)
-                        for x, s in zip((q, k, v), qkv_strides)):
-            _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose,
-                          qkv_strides, out_strides, config if hopper_tile else None)
+                and _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose,
+                                  qkv_strides, out_strides, config if hopper_tile else None):
             return out, lse
         # The tile shape and compiled kernel for this (device, dtype, d, mask, short keys or
         # not), looked up once.
         short = _plan.forward_short(HD, causal, seqlen_k)
-        key = (device_id, q.dtype, d, causal, short, config)
-        launch = _forward_launches.get(key)
-        if launch is None:
-            plan = _registry.fa2_forward_plan(_dtype_name(q.dtype), HD, causal,
-                                              _max_smem(cupy, device_id), seqlen_k, config)
-            launch = _forward_launches[key] = (
-                plan.cfg, _launcher(_registry.FA2_FORWARD, plan, "main"),
-                _loader.ParamBuffer(_registry.FA2_FORWARD.params))
-        cfg, kernel, params = launch
+        plan, kernels, params = _prepared(
+            _forward_launches, (device_id, q.dtype, d, causal, short, config),
+            _registry.FA2_FORWARD,
+            lambda: _registry.fa2_forward_plan(_dtype_name(q.dtype), HD, causal,
+                                               _max_smem(cupy, device_id), seqlen_k, config))
+        cfg, kernel = plan.cfg, kernels["main"]
         grid = _registry.fa2_forward_grid(cfg, seqlen_q, nheads, batch)
         if verbose:
             print(f"FA2 plan: B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.nwarps} warps, grid "
@@ -433,20 +428,22 @@ _forward_launches: dict = {}
 
 
 def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qkv_strides,
-                  out_strides, config=None):
+                  out_strides, config=None) -> bool:
     """The Hopper forward (kernels/fa2_forward_sm90.cu): TMA loads through tensor maps of q,
     k and v (cuflash/_tma.py, cached by address and layout), wgmma, warp specialisation.
-    config: an explicit tile (the bench's), else the table's."""
+    config: an explicit tile (the bench's), else the table's. Returns False, launching
+    nothing, where TMA cannot describe q, k or v (the portable kernel runs instead)."""
     batch, seqlen_q, nheads, d = q.shape
     dtype_name = _dtype_name(q.dtype)
-    key = ("sm90", device_id, q.dtype, d, causal, config)
-    launch = _forward_launches.get(key)
-    if launch is None:
-        plan = _registry.sm90_forward_plan(dtype_name, d, causal, config)
-        launch = _forward_launches[key] = (
-            plan.cfg, _launcher(_registry.FA2_FORWARD_SM90, plan, "main"),
-            _loader.ParamBuffer(_registry.FA2_FORWARD_SM90.params))
-    cfg, kernel, params = launch
+    tile = config or _plan.sm90_forward_config(d, causal)
+    maps = _tma.qkv_maps(q, k, v, qkv_strides, dtype_name, tile.B_r, tile.B_c)
+    if maps is None:
+        return False
+    plan, kernels, params = _prepared(
+        _forward_launches, ("sm90", device_id, q.dtype, d, causal, config),
+        _registry.FA2_FORWARD_SM90,
+        lambda: _registry.sm90_forward_plan(dtype_name, d, causal, config))
+    cfg, kernel = plan.cfg, kernels["main"]
     grid = _registry.sm90_forward_grid(cfg, seqlen_q, nheads, batch)
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + 2 consumer warpgroups): "
@@ -454,17 +451,6 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
               f"{cfg.HD}, grid {grid} (row blocks, heads, batch), {cfg.smem_bytes} bytes of "
               f"shared memory")
     qs, ks, vs = qkv_strides
-    # the three tensor maps, looked up together (one dict lookup per call once cached)
-    maps_key = (q.data.ptr, k.data.ptr, v.data.ptr, q.shape, k.shape, qkv_strides, dtype_name,
-                cfg.B_c)
-    maps = _qkv_maps.get(maps_key)
-    if maps is None:
-        if len(_qkv_maps) >= 1024:
-            _qkv_maps.clear()
-        maps = _qkv_maps[maps_key] = (
-            _tma.tensor_map(q.data.ptr, dtype_name, q.shape, qs, cfg.B_r),
-            _tma.tensor_map(k.data.ptr, dtype_name, k.shape, ks, cfg.B_c),
-            _tma.tensor_map(v.data.ptr, dtype_name, v.shape, vs, cfg.B_c))
     tm_q, tm_k, tm_v = maps
     with params.lock:
         params.pack(tm_q=tm_q, tm_k=tm_k, tm_v=tm_v, q=q.data.ptr, k=k.data.ptr,
@@ -473,9 +459,9 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
                     seqlen_k=k.shape[1], d=d, group=nheads // k.shape[2],
                     softmax_scale=scale, scale_log2=scale * _LOG2E)
         kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, params)
+    return True
 
 
-_qkv_maps: dict = {}
 _portable_only = False
 
 
@@ -492,13 +478,10 @@ def portable_kernels():
         _portable_only = saved
 
 
-def _uses_sm90(cupy, device_id: int, ignore_switch: bool = False) -> bool:
+def _uses_sm90(cupy, device_id: int) -> bool:
     """Whether the forward takes the Hopper family on this device: compute capability 9.0
     (wgmma and setmaxnreg are sm_90a instructions) and portable_kernels() not in force."""
-    if _portable_only and not ignore_switch:
-        return False
-    props = _device_properties(cupy, device_id)
-    return int(props["major"]) == 9 and int(props["minor"]) == 0
+    return not _portable_only and _capability(cupy, device_id) == 90
 
 
 def _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose,
@@ -508,16 +491,11 @@ def _forward_fa1(cupy, device_id, q, k, v, out, lse, causal, scale, HD, verbose,
     L."""
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    key = (device_id, q.dtype, HD, causal)
-    launch = _fa1_launches.get(key)
-    if launch is None:
-        plan = _registry.fa1_forward_plan(_dtype_name(q.dtype), HD, causal,
-                                          _max_smem(cupy, device_id))
-        launch = _fa1_launches[key] = (
-            plan.cfg, _launcher(_registry.FA1_FORWARD, plan, "main"),
-            _launcher(_registry.FA1_FORWARD, plan, "finalize"),
-            _loader.ParamBuffer(_registry.FA1_FORWARD.params))
-    cfg, kernel, fin, params = launch
+    plan, kernels, params = _prepared(
+        _fa1_launches, (device_id, q.dtype, HD, causal), _registry.FA1_FORWARD,
+        lambda: _registry.fa1_forward_plan(_dtype_name(q.dtype), HD, causal,
+                                           _max_smem(cupy, device_id)))
+    cfg, kernel, fin = plan.cfg, kernels["main"], kernels["finalize"]
     if verbose:
         print(cfg.describe(seqlen_q, seqlen_k))
     O = cupy.zeros((batch, nheads, seqlen_q, d), dtype=cupy.float32)     # O_i = 0
@@ -653,20 +631,17 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         q, k, v, qkv_strides = _aligned_qkv(cupy, q, k, v, layout)
         dout, out = _aligned(cupy, dout), _aligned(cupy, out)
         # The tile shape and the three compiled kernels, looked up once per configuration.
-        key = (device_id, q.dtype, d, causal, deterministic, config)
-        launch = _backward_launches.get(key)
-        if launch is None:
+        def make_plan():
             max_smem, bulk = _max_smem(cupy, device_id), _has_bulk_copy(cupy, device_id)
             HD = _plan.backward_head_dim_bucket(d)
             cfg = config or _plan.backward_config(HD, max_smem, bulk)
-            ordered = bool(deterministic and cfg.dq_bulk)
-            plan = _registry.fa2_backward_plan(_dtype_name(q.dtype), HD, causal, max_smem, bulk,
-                                               ordered, cfg)
-            variant = _registry.FA2_BACKWARD
-            launch = _backward_launches[key] = (
-                cfg, ordered, _launcher(variant, plan, "pre"), _launcher(variant, plan, "main"),
-                _launcher(variant, plan, "dq"), _loader.ParamBuffer(variant.params))
-        cfg, ordered, pre, main, fin, params = launch
+            return _registry.fa2_backward_plan(_dtype_name(q.dtype), HD, causal, max_smem,
+                                               bulk, bool(deterministic and cfg.dq_bulk), cfg)
+        plan, kernels, params = _prepared(
+            _backward_launches, (device_id, q.dtype, d, causal, deterministic, config),
+            _registry.FA2_BACKWARD, make_plan)
+        cfg, pre, main, fin = plan.cfg, kernels["pre"], kernels["main"], kernels["dq"]
+        ordered = bool(deterministic and cfg.dq_bulk)
         stream = cupy.cuda.get_current_stream().ptr
 
         # Scratch: D = rowsum(dO ∘ O), float32 (batch, heads, seqlen_q); float32 dQ sums, with
@@ -776,9 +751,27 @@ def _max_smem(cupy, device_id: int) -> int:
     return int(_device_properties(cupy, device_id)["sharedMemPerBlockOptin"])
 
 
-def _has_bulk_copy(cupy, device_id: int) -> bool:
+def _capability(cupy, device_id: int) -> int:
+    """Compute capability as 10 major + minor (90 for an H100/H200)."""
     props = _device_properties(cupy, device_id)
-    return _plan.has_bulk_copy(10 * int(props["major"]) + int(props["minor"]))
+    return 10 * int(props["major"]) + int(props["minor"])
+
+
+def _has_bulk_copy(cupy, device_id: int) -> bool:
+    return _plan.has_bulk_copy(_capability(cupy, device_id))
+
+
+def _prepared(cache: dict, key, variant, make_plan):
+    """(plan, {role: launcher}, parameter buffer) of a launch configuration, built on its first
+    use (the plan from make_plan(), every kernel of the plan compiled, one ParamBuffer) and
+    kept in `cache` under `key`: training loops call with the same few configurations."""
+    entry = cache.get(key)
+    if entry is None:
+        plan = make_plan()
+        entry = cache[key] = (plan, {role: _launcher(variant, plan, role)
+                                     for role in plan.kernels},
+                              _loader.ParamBuffer(variant.params))
+    return entry
 
 
 def _launcher(variant, plan, role: str):

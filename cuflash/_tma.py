@@ -3,9 +3,9 @@
 A Hopper kernel's loads go through tensor maps (``CUtensorMap``, 128 opaque bytes) that the
 driver's ``cuTensorMapEncodeTiled`` writes on the host. cuflash calls that driver function
 through ctypes (``libcuda``, which every CUDA program has loaded), so no binding package is
-needed. Encoding costs a few microseconds; the maps of the last few thousand distinct
-(address, shape, strides, box) are kept, so that a training loop that reuses its buffers
-encodes each once.
+needed. Encoding costs a few microseconds; ``qkv_maps`` keeps the maps of the last thousand
+distinct calls (addresses, layouts, boxes), so that a training loop that reuses its buffers
+encodes each once and looks them up with one dictionary access per call.
 
 Q, K and V (batch, seqlen, heads, d) are described as 4-d tensors (d, seqlen, heads, batch),
 innermost first, with boxes of 64 head-dim columns x ``rows`` rows, written to shared memory
@@ -30,7 +30,7 @@ BOX_COLUMNS = 64          # head-dim columns per box: 128 bytes, the swizzle's r
 _encode = None
 _lock = threading.Lock()
 _cache: dict = {}
-_CACHE_MAX = 4096
+_CACHE_MAX = 1024
 
 
 def _encoder():
@@ -57,14 +57,28 @@ def usable(ptr: int, shape: tuple, strides: tuple, itemsize: int) -> bool:
                for n, s in zip(shape[:3], strides))
 
 
+def qkv_maps(q, k, v, strides: tuple, dtype_name: str, B_r: int, B_c: int):
+    """The tensor maps of q (boxes of B_r rows), k and v (B_c rows), with (batch, seq, head)
+    element strides `strides` (three 3-tuples); None where TMA cannot describe one of them
+    (see `usable`). Cached by addresses, shapes, strides and boxes."""
+    key = (q.data.ptr, k.data.ptr, v.data.ptr, q.shape, k.shape, strides, dtype_name, B_r, B_c)
+    found = _cache.get(key, False)
+    if found is not False:
+        return found
+    maps = None
+    if all(usable(x.data.ptr, x.shape, s, x.itemsize) for x, s in zip((q, k, v), strides)):
+        maps = tuple(tensor_map(x.data.ptr, dtype_name, x.shape, s, rows)
+                     for x, s, rows in zip((q, k, v), strides, (B_r, B_c, B_c)))
+    if len(_cache) >= _CACHE_MAX:
+        _cache.clear()
+    _cache[key] = maps
+    return maps
+
+
 def tensor_map(ptr: int, dtype_name: str, shape: tuple, strides: tuple, rows: int) -> bytes:
     """The 128-byte tensor map of a (batch, seqlen, heads, d) array at `ptr` (element strides
     (batch, seq, head), last dim contiguous) read in boxes of 64 columns x `rows` rows.
     Raises RuntimeError when the driver refuses it (check `usable` first)."""
-    key = (ptr, dtype_name, shape, strides, rows)
-    found = _cache.get(key)
-    if found is not None:
-        return found
     batch, seqlen, heads, d = shape
     itemsize = 2
     # an axis of length 1 may carry any stride: give TMA a valid one
@@ -82,8 +96,4 @@ def tensor_map(ptr: int, dtype_name: str, shape: tuple, strides: tuple, rows: in
     if rc != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for shape {shape}, "
                            f"strides {strides}, box rows {rows}")
-    data = ctypes.string_at(addr, MAP_BYTES)
-    if len(_cache) >= _CACHE_MAX:
-        _cache.clear()
-    _cache[key] = data
-    return data
+    return ctypes.string_at(addr, MAP_BYTES)

@@ -119,20 +119,8 @@ fa1_forward(const FwdParams p) {
                                                col0 + nt * 8 + (lane % 4) * 2 + e % 2);
             }
             // S_ij[r, c] = -inf where key c is not visible from query r (mask.cuh)
-            if (block_needs_mask<B_r, B_c>(mask, i, j)) {
-#pragma unroll
-                for (int e2 = 0; e2 < 2; ++e2) {
-                    const int row = row0 + warp * 16 + lane / 4 + e2 * 8;
-                    const KeyRange keys = mask.keys(row);  // counted from K_j's first key
-                    const int lo = keys.lo - col0, hi = keys.hi - col0;
-#pragma unroll
-                    for (int nt = 0; nt < NT_S; ++nt)
-#pragma unroll
-                        for (int e1 = 0; e1 < 2; ++e1)
-                            if (MaskT::hidden(nt * 8 + (lane % 4) * 2 + e1, lo, hi))
-                                s[nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
-                }
-            }
+            if (block_needs_mask<B_r, B_c>(mask, i, j))
+                mask_fragment(mask, s, row0 + warp * 16 + lane / 4, col0, lane);
 
             // m~_ij = rowmax(S_ij) (scaled, natural units), P~_ij = exp(S_ij - m~_ij),
             // l~_ij = rowsum(P~_ij).

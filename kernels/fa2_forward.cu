@@ -291,19 +291,7 @@ fa2_forward(const FwdParams p) {
         if (MASK) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int e2 = 0; e2 < 2; ++e2) {
-                    const int row = row0 + warp * RPW + mt * 16 + lane / 4 + e2 * 8;
-                    // this row's keys, counted from K_j's first key
-                    const KeyRange keys = mask.keys(row);
-                    const int lo = keys.lo - col0, hi = keys.hi - col0;
-#pragma unroll
-                    for (int nt = 0; nt < NT_S; ++nt)
-#pragma unroll
-                        for (int e1 = 0; e1 < 2; ++e1)
-                            if (MaskT::hidden(nt * 8 + (lane % 4) * 2 + e1, lo, hi))
-                                s[mt][nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
-                }
+                mask_fragment(mask, s[mt], row0 + warp * RPW + mt * 16 + lane / 4, col0, lane);
         }
 
         // Online softmax (softmax.cuh): m_new = max(m_i, rowmax(S_ij)),

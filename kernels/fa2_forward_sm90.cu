@@ -211,19 +211,8 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
 
         // Mask (mask.cuh), on blocks that cross a mask limit or the end of K (block_range.cuh):
         // S_ij[r, c] = -inf where key c is not visible from query r.
-        if (j >= cb.masked_begin || (MaskT::LOCAL && j < cb.unmasked_begin)) {
-#pragma unroll
-            for (int e2 = 0; e2 < 2; ++e2) {
-                const KeyRange keys = mask.keys(row_lane + 8 * e2);
-                const int lo = keys.lo - col0, hi = keys.hi - col0;
-#pragma unroll
-                for (int nt = 0; nt < NT_S; ++nt)
-#pragma unroll
-                    for (int e1 = 0; e1 < 2; ++e1)
-                        if (MaskT::hidden(nt * 8 + (lane % 4) * 2 + e1, lo, hi))
-                            s[0][nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
-            }
-        }
+        if (j >= cb.masked_begin || (MaskT::LOCAL && j < cb.unmasked_begin))
+            mask_fragment(mask, s[0], row_lane, col0, lane);
 
         // Online softmax (softmax.cuh): P~_ij in place of S_ij, l_i and O~_i rescaled.
         softmax.update(s, o, score.exp2_scale, lane);

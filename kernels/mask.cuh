@@ -13,6 +13,8 @@
 // a template parameter and ask it.
 #pragma once
 
+#include "common.cuh"
+
 namespace cuflash {
 
 // The keys one query row sees: [lo, hi]; none when hi < lo.
@@ -55,5 +57,26 @@ struct Mask {
         return col > hi || (LOCAL && col < lo);
     }
 };
+
+// The element mask on one row pair of an mma accumulator fragment (the portable kernels'
+// m16n8 tiles and the wgmma accumulator alike): this lane holds rows `row` and `row` + 8 and,
+// in each of the NT n8 tiles of keys from col0, columns 2 (lane % 4) and + 1. S[r, c] = -inf
+// where key c is hidden from query r.
+template <class MaskT, int NT>
+__device__ __forceinline__ void mask_fragment(const MaskT& mask, float (&s)[NT][4], int row,
+                                              int col0, int lane) {
+#pragma unroll
+    for (int e2 = 0; e2 < 2; ++e2) {
+        // this row's keys, counted from the block's first key
+        const KeyRange keys = mask.keys(row + 8 * e2);
+        const int lo = keys.lo - col0, hi = keys.hi - col0;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e1 = 0; e1 < 2; ++e1)
+                if (MaskT::hidden(nt * 8 + (lane % 4) * 2 + e1, lo, hi))
+                    s[nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
+    }
+}
 
 }  // namespace cuflash
