@@ -7,8 +7,10 @@ tiling, against float64, over many random draws.
     python bench/rule_noise.py
 
 With one query row and d 8 (8 output elements) the max error is the final rounding of a
-single element, and the rule fails a few percent of draws for any tiling; with 64 rows x
-d 64 it does not fail. (PERFORMANCE.md, 2026-11-30, the Hopper forward.)
+single element, and the rule fails a few percent of draws for any tiling; with 64 rows x d 8
+(512 elements) it still fails now and then; from 4096 output elements (512 rows x d 8, 64 rows
+x d 64) it does not fail. tests/test_fuzz_gpu.py repeats small examples up to that size.
+(PERFORMANCE.md, 2026-11-30, the Hopper forward.)
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def rule_holds(seed: int, sq: int, sk: int, d: int, blocks: tuple) -> bool:
 
 
 def main() -> None:
-    for sq, sk, d, draws in ((1, 94, 8, 20000), (64, 94, 64, 2000)):
+    for sq, sk, d, draws in ((1, 94, 8, 20000), (64, 94, 8, 3000), (512, 94, 8, 2000),
+                            (64, 94, 64, 2000)):
         for blocks in ((94,), (64, 30)):
             fails = sum(not rule_holds(s, sq, sk, d, blocks) for s in range(draws))
             print(f"{sq} query rows x {sk} keys, d {d}, key blocks {blocks}: the rule fails "

@@ -2,7 +2,14 @@
 accuracy rule (shared/guides/accuracy.md): random batch, sequence lengths 1..600 on each side,
 head dims (multiples of 8 up to 256), heads and kv heads, causal, dtype, and layouts
 (contiguous, transposed, head-sliced, and views that start off a 16-byte boundary).
-A fixed seed: every GPU run draws the same 200 examples."""
+A fixed seed: every GPU run draws the same 200 examples.
+
+The rule compares two maxima of rounding error, and over a handful of output elements they are
+noisy: with one query row at d 8 a correct FlashAttention computation fails it in a few percent
+of draws, for any tiling; from 4096 output elements on it does not fail
+(`python bench/rule_noise.py`). So a small example is repeated over the batch until the
+output holds at least MIN_ELEMENTS values: every shape is still drawn, each with enough
+independent rows for the rule to mean something (accuracy.md: "use enough rows")."""
 
 import ml_dtypes
 import numpy as np
@@ -21,6 +28,7 @@ import cuflash  # noqa: E402
 
 DTYPES = [np.float16, ml_dtypes.bfloat16]
 LAYOUTS = ["contiguous", "transposed", "head_slice", "misaligned"]
+MIN_ELEMENTS = 4096
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -59,6 +67,7 @@ def test_fuzz_forward_and_backward(batch, sq, sk, d, hk, group, causal, dtype, l
                                    data_seed):
     rng = cp.random.RandomState(data_seed)
     h = hk * group
+    batch *= -(-MIN_ELEMENTS // (batch * sq * h * d))  # enough rows for the rule (docstring)
     q = make((batch, sq, h, d), dtype, layout, rng)
     k = make((batch, sk, hk, d), dtype, layout, rng)
     v = make((batch, sk, hk, d), dtype, layout, rng)
