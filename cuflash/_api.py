@@ -436,14 +436,15 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
     batch, seqlen_q, nheads, d = q.shape
     dtype_name = _dtype_name(q.dtype)
     tile = config or _plan.sm90_forward_config(d, causal)
-    maps = _tma.qkv_maps(q, k, v, qkv_strides, dtype_name, tile.B_r, tile.B_c)
-    if maps is None:
-        return False
     plan, kernels, params = _prepared(
         _forward_launches, ("sm90", device_id, q.dtype, d, causal, config),
         _registry.FA2_FORWARD_SM90,
         lambda: _registry.sm90_forward_plan(dtype_name, d, causal, config))
     cfg, kernel = plan.cfg, kernels["main"]
+    kernel.bind_thread()  # encoding a tensor map needs the context current on this thread
+    maps = _tma.qkv_maps(q, k, v, qkv_strides, dtype_name, tile.B_r, tile.B_c)
+    if maps is None:
+        return False
     grid = _registry.sm90_forward_grid(cfg, seqlen_q, nheads, batch)
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + 2 consumer warpgroups): "

@@ -243,9 +243,15 @@ class Launcher:
         if not self._current_context():  # (runtimes that bind only on first use)
             self._init_context()
 
+    def bind_thread(self) -> None:
+        """Make sure this thread has the kernel's context current (a thread's first launch
+        binds it; driver calls made before the launch, such as encoding a tensor map, need it
+        too)."""
+        if self._current_context() != self._context:
+            self._bind_context()
+
     def __call__(self, grid, block: int, shared_mem: int, stream: int,
                  params: ParamBuffer) -> None:
-        if self._current_context() != self._context:  # a thread's first launch
-            self._bind_context()
+        self.bind_thread()
         self._launch(self._func, grid[0], grid[1], grid[2], block, 1, 1, shared_mem, stream,
                      params.params, 0)
