@@ -107,6 +107,9 @@ def fake(monkeypatch):
         def __init__(self, kernel):
             self.kernel = kernel
 
+        def bind_thread(self):
+            pass
+
         def __call__(self, grid, block, smem, stream, params):
             assert smem <= self.kernel.max_dynamic_shared_size_bytes or smem <= 48 * 1024
             values = {}
