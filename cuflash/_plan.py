@@ -346,13 +346,14 @@ class Sm90ForwardConfig:
     B_c: int
     stages: int
     overlap: bool = False  # S of block j + 1 on the tensor cores during the softmax of block j
+    pingpong: bool = False  # the consumers take turns on the tensor cores
     B_r: int = 128
     threads: int = 384
 
     @property
     def tile_type(self) -> str:
         return (f"cuflash::ForwardTileSm90<{self.HD}, {self.B_c}, {self.stages}, "
-                f"{str(self.overlap).lower()}>")
+                f"{str(self.overlap).lower()}, {str(self.pingpong).lower()}>")
 
     @property
     def smem_bytes(self) -> int:
@@ -368,10 +369,14 @@ class Sm90ForwardConfig:
 # d 128 forward measured 15% slower on the H200 (512 against 599 TFLOP/s at n 4096; its
 # second S buffer also spills at d 192 and 256): PERFORMANCE.md. Not tuned beyond that yet.
 SM90_FORWARD_TILES = {
-    (64, False): Sm90ForwardConfig(64, 128, 3), (64, True): Sm90ForwardConfig(64, 128, 3),
-    (128, False): Sm90ForwardConfig(128, 128, 2), (128, True): Sm90ForwardConfig(128, 128, 2),
-    (192, False): Sm90ForwardConfig(192, 96, 2), (192, True): Sm90ForwardConfig(192, 96, 2),
-    (256, False): Sm90ForwardConfig(256, 64, 2), (256, True): Sm90ForwardConfig(256, 64, 2),
+    (64, False): Sm90ForwardConfig(64, 128, 3, pingpong=True),
+    (64, True): Sm90ForwardConfig(64, 128, 3, pingpong=True),
+    (128, False): Sm90ForwardConfig(128, 128, 2, pingpong=True),
+    (128, True): Sm90ForwardConfig(128, 128, 2, pingpong=True),
+    (192, False): Sm90ForwardConfig(192, 96, 2, pingpong=True),
+    (192, True): Sm90ForwardConfig(192, 96, 2, pingpong=True),
+    (256, False): Sm90ForwardConfig(256, 64, 2, pingpong=True),
+    (256, True): Sm90ForwardConfig(256, 64, 2, pingpong=True),
 }
 
 

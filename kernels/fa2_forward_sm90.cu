@@ -51,12 +51,16 @@
 
 namespace cuflash {
 
-template <int HD_, int B_c_, int STAGES_, bool OVERLAP_>
+template <int HD_, int B_c_, int STAGES_, bool OVERLAP_, bool PINGPONG_ = false>
 struct ForwardTileSm90 {
     static constexpr int HD = HD_, B_r = 128, B_c = B_c_, STAGES = STAGES_;
     // OVERLAP: S for block j + 1 is computed while the softmax of block j runs (a second S
     // buffer in registers: on where it fits without spills, see cuflash/_plan.py).
     static constexpr bool OVERLAP = OVERLAP_;
+    // PINGPONG: the two consumers take turns on the tensor cores, each one's softmax running
+    // under the other's matmuls (P~V of a block is issued with the next block's S).
+    static constexpr bool PINGPONG = PINGPONG_;
+    static_assert(!(OVERLAP && PINGPONG), "one schedule: OVERLAP or PINGPONG");
     static constexpr int NTHREADS = 384;     // producer + 2 consumer warpgroups
     static constexpr int GROUPS = HD / 64;   // 64-column groups of the head dim
     static constexpr int NT_S = B_c / 8;     // n8 tiles across S_ij (per consumer: 64 rows)
@@ -67,7 +71,7 @@ struct ForwardTileSm90 {
     static constexpr int KV_BYTES = B_c * HD * 2;  // one of K_j, V_j
     static constexpr int BAR_BYTES = 8 * (1 + 4 * STAGES);
     static constexpr int SMEM_BYTES = 1024 + Q_BYTES + 2 * STAGES * KV_BYTES + BAR_BYTES;
-    static constexpr int CONSUMER_REGS = 240, PRODUCER_REGS = 24;
+    static constexpr int CONSUMER_REGS = 240, PRODUCER_REGS = 32;
 
     static_assert(HD % 64 == 0 && HD <= 256, "head dim padded to a multiple of 64, <= 256");
     static_assert(B_c % 16 == 0 && B_c <= 256, "B_c: whole k16 steps of P V, one wgmma");
@@ -120,29 +124,31 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     if (warpgroup == 0) {
         // ---- producer: TMA loads ------------------------------------------------------
         regs_decrease<Tile::PRODUCER_REGS>();
-        if (tid == 0) {
+        // Two issuing threads, one for K and one for V, so that a K load never waits behind a
+        // V slot that P~V still reads (warp 0 also loads Q_i first).
+        // K_j (or V_j) of the visited column blocks, in order, into slot it % STAGES; a slot
+        // is reused once the consumers have freed it (its previous round).
+        auto load_all = [&](const TensorMap* map, auto full, auto free, auto dst) {
             const int head_k = head / p.group;
+            int it = 0;
+            for (int j = cb.begin; j < cb.end; ++j, ++it) {
+                const int stage = it % STAGES;
+                mbar_wait(free(stage), ((it / STAGES) & 1) ^ 1);
+                mbar_arrive_expect_tx(full(stage), Tile::KV_BYTES);
+                for (int g = 0; g < GROUPS; ++g)
+                    tma_load_4d(dst(stage) + g * (B_c * 128), map, full(stage), g * 64,
+                                seq.k_row0() + j * B_c, head_k, seq.k_batch());
+            }
+        };
+        if (tid == 0) {
             // Q_i: GROUPS boxes of (64 columns x 128 rows)
             mbar_arrive_expect_tx(q_full, Tile::Q_BYTES);
             for (int g = 0; g < GROUPS; ++g)
                 tma_load_4d(sQ + g * (B_r * 128), &p.tm_q, q_full, g * 64,
                             seq.q_row0() + row0, head, seq.q_batch());
-            // K_j, V_j of the visited column blocks, in order, into slot it % STAGES; a slot
-            // is reused once the consumers have freed it (its previous round).
-            int it = 0;
-            for (int j = cb.begin; j < cb.end; ++j, ++it) {
-                const int stage = it % STAGES, round = it / STAGES;
-                mbar_wait(k_free(stage), (round & 1) ^ 1);
-                mbar_arrive_expect_tx(k_full(stage), Tile::KV_BYTES);
-                for (int g = 0; g < GROUPS; ++g)
-                    tma_load_4d(sK(stage) + g * (B_c * 128), &p.tm_k, k_full(stage), g * 64,
-                                seq.k_row0() + j * B_c, head_k, seq.k_batch());
-                mbar_wait(v_free(stage), (round & 1) ^ 1);
-                mbar_arrive_expect_tx(v_full(stage), Tile::KV_BYTES);
-                for (int g = 0; g < GROUPS; ++g)
-                    tma_load_4d(sV(stage) + g * (B_c * 128), &p.tm_v, v_full(stage), g * 64,
-                                seq.k_row0() + j * B_c, head_k, seq.k_batch());
-            }
+            load_all(&p.tm_k, k_full, k_free, sK);
+        } else if (tid == 32) {
+            load_all(&p.tm_v, v_full, v_free, sV);
         }
         return;
     }
@@ -180,48 +186,21 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     };
 
     // ---- the FA2 inner loop, on wgmma: one step per column block j ------------------------
-    // Step it works on S_ij in `s` (issued by the step before) and issues S for the next block
-    // into `s_next` first, so that the tensor cores compute it while this step's softmax runs
-    // on the other units (FlashAttention-3's intra-warpgroup overlap). Two S buffers take
-    // turns: the loop below runs the steps in pairs, (a, b) then (b, a).
+    // Built from four pieces (issue_s above, softmax_step, issue_pv, release) in one of
+    // three schedules: ping-pong between the two consumers (PINGPONG), or each consumer on
+    // its own with or without the intra-warpgroup overlap (OVERLAP).
     const int n = cb.end - cb.begin;  // column blocks visited
-    auto step = [&](float (&s)[1][NT_S][4], float (&s_next)[1][NT_S][4], int it) {
+    // Mask, online softmax and P~ for block it, S_ij in s (awaited): P~_ij packed into pa, the
+    // A fragments of P~V (the S accumulators of n8 tiles 2 kk, 2 kk + 1 are the A fragment of
+    // k-step kk). Needs the previous P~V done (it rescales O~_i).
+    auto softmax_step = [&](float (&s)[1][NT_S][4], int it, unsigned (&pa)[B_c / 16][4]) {
         const int j = cb.begin + it, col0 = j * B_c;
-        const int stage = it % STAGES, parity = (it / STAGES) & 1;
-        const bool has_next = Tile::OVERLAP && it + 1 < n;
-        if (!Tile::OVERLAP) issue_s(s, it);  // (no overlap: S_ij now, one S buffer)
-        if (has_next) issue_s(s_next, it + 1);
-        // In flight: S_ij and the previous step's P~V (older), S for the next block (newest).
-        // Wait for all but the newest.
-        if (has_next)
-            wgmma_wait<1>();
-        else
-            wgmma_wait<0>();
-        fence_accumulators(s[0]);
-        fence_accumulators(o[0]);
-        // OVERLAP: K_j is read (S_ij is done), and so is the previous step's V (its P~V is
-        // done): free them (one arrival per warp). (Without the overlap, at the end of the step.)
-        if (Tile::OVERLAP) {
-            __syncwarp();
-            if (lane == 0) {
-                mbar_arrive(k_free(stage));
-                if (it > 0) mbar_arrive(v_free((it - 1) % STAGES));
-            }
-        }
-
         // Mask (mask.cuh), on blocks that cross a mask limit or the end of K (block_range.cuh):
         // S_ij[r, c] = -inf where key c is not visible from query r.
         if (j >= cb.masked_begin || (MaskT::LOCAL && j < cb.unmasked_begin))
             mask_fragment(mask, s[0], row_lane, col0, lane);
-
         // Online softmax (softmax.cuh): P~_ij in place of S_ij, l_i and O~_i rescaled.
         softmax.update(s, o, score.exp2_scale, lane);
-
-        // O~_i += P~_ij V_j: B_c / 16 k-steps of m64 n HD k16, P~ from registers (the S
-        // accumulators of n8 tiles 2 kk, 2 kk + 1 are the A fragment of k-step kk), V_j
-        // N-major: k-step kk starts 16 kk rows down, 64-column groups B_c rows apart.
-        // Issued, not awaited: the next step waits for it before it rescales O~_i.
-        unsigned pa[B_c / 16][4];
 #pragma unroll
         for (int kk = 0; kk < B_c / 16; ++kk) {
             pa[kk][0] = T::pack(s[0][2 * kk][0], s[0][2 * kk][1]);
@@ -229,33 +208,90 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             pa[kk][2] = T::pack(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
             pa[kk][3] = T::pack(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
         }
-        mbar_wait(v_full(stage), parity);
+    };
+    // O~_i += P~_ij V_j for block it, issued and committed (not awaited): B_c / 16 k-steps of
+    // m64 n HD k16, P~ from registers, V_j N-major: k-step kk starts 16 kk rows down, 64-column
+    // groups B_c rows apart.
+    auto issue_pv = [&](const unsigned (&pa)[B_c / 16][4], int it) {
+        const int stage = it % STAGES;
+        mbar_wait(v_full(stage), (it / STAGES) & 1);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < B_c / 16; ++kk)
             Wgmma<T, HD>::rs(o[0], pa[kk], smem_desc(sV(stage) + kk * 16 * 128, B_c * 128, 1024),
                              1);
         wgmma_commit();
-        if (!Tile::OVERLAP) {  // P~V awaited here; K_j and V_j are read: free the slot
-            wgmma_wait<0>();
-            fence_accumulators(o[0]);
-            __syncwarp();
-            if (lane == 0) {
-                mbar_arrive(k_free(stage));
-                mbar_arrive(v_free(stage));
-            }
-        }
     };
-    float s_a[1][NT_S][4];
-    if constexpr (Tile::OVERLAP) {
-        float s_b[1][NT_S][4];
-        if (n > 0) issue_s(s_a, 0);
-        for (int it = 0; it < n; it += 2) {
-            step(s_a, s_b, it);
-            if (it + 1 < n) step(s_b, s_a, it + 1);
+    // One arrival per warp on a slot's "read" barrier.
+    auto release = [&](unsigned bar) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar);
+    };
+
+    if constexpr (Tile::PINGPONG) {
+        // ---- ping-pong (FlashAttention-3's inter-warpgroup overlap) ---------------------
+        // The two consumers take turns on the tensor cores: in its turn a consumer issues
+        // P~V of its previous block and S of its next, then hands the turn over and runs its
+        // softmax while the other's matmuls run. Turns are named barriers: consumer w waits
+        // on barrier 1 + w (256 threads: its own 128 and the other's arrival).
+        unsigned pa[B_c / 16][4];
+        float s[1][NT_S][4];
+        if (wg == 1 && n > 0) named_barrier_arrive(1, 256);  // consumer 0 starts
+        for (int it = 0; it < n; ++it) {
+            named_barrier_sync(1 + wg, 256);
+            if (it > 0) issue_pv(pa, it - 1);
+            issue_s(s, it);
+            if (!(wg == 1 && it == n - 1)) named_barrier_arrive(2 - wg, 256);
+            wgmma_wait<0>();
+            fence_accumulators(s[0]);
+            fence_accumulators(o[0]);
+            release(k_free(it % STAGES));                    // S_ij is done: K_j is read
+            if (it > 0) release(v_free((it - 1) % STAGES));  // and the previous P~V: V_j
+            softmax_step(s, it, pa);
         }
+        if (n > 0) issue_pv(pa, n - 1);
     } else {
-        for (int it = 0; it < n; ++it) step(s_a, s_a, it);
+        // ---- the FA2 inner loop, in one warpgroup (optionally OVERLAP) --------------------
+        // Step it works on S_ij in `s` and, with OVERLAP, first issues S for the next block
+        // into `s_next`, so that the tensor cores compute it while this step's softmax runs
+        // (FlashAttention-3's intra-warpgroup overlap); the two S buffers take turns.
+        auto step = [&](float (&s)[1][NT_S][4], float (&s_next)[1][NT_S][4], int it) {
+            const int stage = it % STAGES;
+            const bool has_next = Tile::OVERLAP && it + 1 < n;
+            if (!Tile::OVERLAP) issue_s(s, it);  // (no overlap: S_ij now, one S buffer)
+            if (has_next) issue_s(s_next, it + 1);
+            // In flight: S_ij and the previous step's P~V (older), the next S (newest).
+            if (has_next)
+                wgmma_wait<1>();
+            else
+                wgmma_wait<0>();
+            fence_accumulators(s[0]);
+            fence_accumulators(o[0]);
+            if (Tile::OVERLAP) {  // S_ij is done, and the previous step's P~V
+                release(k_free(stage));
+                if (it > 0) release(v_free((it - 1) % STAGES));
+            }
+            unsigned pa[B_c / 16][4];
+            softmax_step(s, it, pa);
+            issue_pv(pa, it);
+            if (!Tile::OVERLAP) {  // P~V awaited here; K_j and V_j are read: free the slot
+                wgmma_wait<0>();
+                fence_accumulators(o[0]);
+                release(k_free(stage));
+                release(v_free(stage));
+            }
+        };
+        float s_a[1][NT_S][4];
+        if constexpr (Tile::OVERLAP) {
+            float s_b[1][NT_S][4];
+            if (n > 0) issue_s(s_a, 0);
+            for (int it = 0; it < n; it += 2) {
+                step(s_a, s_b, it);
+                if (it + 1 < n) step(s_b, s_a, it + 1);
+            }
+        } else {
+            for (int it = 0; it < n; ++it) step(s_a, s_a, it);
+        }
     }
     wgmma_wait<0>();
     fence_accumulators(o[0]);

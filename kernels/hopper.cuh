@@ -5,7 +5,8 @@
 //   wgmma              fence / commit / wait, shared-memory matrix descriptors (128-byte
 //                      swizzle), register fences for the accumulators; the instructions
 //                      themselves are in wgmma.cuh (one per shape, generated)
-//   warp roles         setmaxnreg (registers moved from the producer to the consumers)
+//   warp roles         setmaxnreg (registers moved from the producer to the consumers), named
+//                      barriers (the consumers' turns)
 //
 // Every function traps when compiled for anything but sm_90a instead of compiling to nothing
 // (the Hopper kernels are only launched there; the compile check builds them for sm_90a).
@@ -112,6 +113,14 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned 
 }
 
 // ---- warp roles ---------------------------------------------------------------------------
+// Named barriers (ids 1..15; 0 is __syncthreads): wait until `threads` threads have reached
+// barrier `id` (this warp's 32 count), or only count this warp's arrival and go on.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
 // Raise / lower this warpgroup's register allocation (the kernel needs __launch_bounds__(N, 1)).
 template <int REGS>
 __device__ __forceinline__ void regs_increase() {
