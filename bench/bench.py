@@ -6,7 +6,7 @@
     python bench/bench.py --grid --json bench/results/grid.json     # the standard grid
     python bench/bench.py --grid --dtypes bf16 --headdims 128 --seqlens 1024,4096 --passes fwd
     python bench/bench.py --configs 128x32x4,64x64x4                 # FA2 forward tile shapes
-    python bench/bench.py --configs h128x2,h176x2,h128x2o            # Hopper forward tiles
+    python bench/bench.py --configs h128x2p,h176x2p,h128x2           # Hopper forward tiles
     python bench/bench.py --pass bwd --configs 64x128x8x2x4x2x2      # FA2 backward tile shapes
 
 Providers (--providers): cuflash (FA2), cuflash-fa1 (FlashAttention-1 loop order, forward
@@ -163,7 +163,8 @@ class Point:
             q, k, v = self.inputs()
             if isinstance(cfg, _plan.Sm90ForwardConfig):
                 label = (f"cuflash-sm90 {cfg.B_r}x{cfg.B_c} s{cfg.stages}"
-                         + (" overlap" if cfg.overlap else ""))
+                         + (" overlap" if cfg.overlap else "")
+                         + (" pingpong" if cfg.pingpong else ""))
             else:
                 label = ("cuflash" if cfg is None else
                          f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w kv{cfg.kv_stages}")

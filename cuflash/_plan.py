@@ -457,14 +457,14 @@ def config_from_shape(which: str, d: int, shape: str, bulk: bool = False):
     """A tile shape written as in bench/bench.py --configs: forward "BrxBcxWarps[xKVstages]",
     backward "BrxBcxWarpsxWMsdpxWMdkvxWMdqxQstages[xDQbulk]" (the dQ mode defaults to two
     bulk tiles where `bulk`, i.e. sm_90+, else atomics), for head dim d; the Hopper forward
-    "hBcxStages[o]" (B_r 128; o: the intra-warpgroup overlap)."""
+    "hBcxStages[o|p]" (B_r 128; o: the intra-warpgroup overlap, p: ping-pong)."""
     if which == "fwd" and shape.startswith("h"):
-        m = re.fullmatch(r"h(\d+)x(\d+)(o?)", shape)
+        m = re.fullmatch(r"h(\d+)x(\d+)([op]?)", shape)
         if not m:
-            raise ValueError(f"Hopper tile {shape!r}: hBcxStages, or hBcxStageso for the "
-                             "intra-warpgroup overlap")
+            raise ValueError(f"Hopper tile {shape!r}: hBcxStages, then o for the "
+                             "intra-warpgroup overlap or p for ping-pong")
         return Sm90ForwardConfig(sm90_head_dim_bucket(d), int(m[1]), int(m[2]),
-                                 overlap=m[3] == "o")
+                                 overlap=m[3] == "o", pingpong=m[3] == "p")
     n = [int(x) for x in shape.split("x")]
     if which == "fwd":
         return ForwardConfig(head_dim_bucket(d), *n)

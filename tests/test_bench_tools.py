@@ -92,6 +92,7 @@ def test_config_from_shape_reads_the_bench_notation():
     assert _plan.config_from_shape("bwd", 64, "128x128x8x2x4x4x2x1", bulk=True).dq_bulk == 1
     # the Hopper forward: hBcxStages, o = the overlap; the head dim padded to 64s
     assert _plan.config_from_shape("fwd", 96, "h176x2") == _plan.Sm90ForwardConfig(128, 176, 2)
+    assert _plan.config_from_shape("fwd", 96, "h176x2p").pingpong
     assert _plan.config_from_shape("fwd", 64, "h128x3o").overlap
     assert _plan.config_from_shape("fwd", 256, "h64x2") == _plan.Sm90ForwardConfig(256, 64, 2)
     with pytest.raises(ValueError, match="hBcxStages"):
