@@ -445,11 +445,14 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
     maps = _tma.qkv_maps(q, k, v, qkv_strides, dtype_name, tile.B_r, tile.B_c)
     if maps is None:
         return False
-    grid = _registry.sm90_forward_grid(cfg, seqlen_q, nheads, batch)
+    grid = _registry.sm90_forward_grid(
+        cfg, seqlen_q, nheads, batch,
+        int(_device_properties(cupy, device_id)["multiProcessorCount"]))
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + 2 consumer warpgroups): "
               f"B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.stages} K/V stages, head dim padded to "
-              f"{cfg.HD}, grid {grid} (row blocks, heads, batch), {cfg.smem_bytes} bytes of "
+              f"{cfg.HD}, persistent grid of {grid[0]} blocks over "
+              f"{-(-seqlen_q // cfg.B_r) * nheads * batch} tiles, {cfg.smem_bytes} bytes of "
               f"shared memory")
     qs, ks, vs = qkv_strides
     tm_q, tm_k, tm_v = maps
@@ -458,7 +461,8 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
                     v=v.data.ptr, o=out.data.ptr, lse=lse.data.ptr, q_strides=qs,
                     k_strides=ks, v_strides=vs, o_strides=out_strides, seqlen_q=seqlen_q,
                     seqlen_k=k.shape[1], d=d, group=nheads // k.shape[2],
-                    softmax_scale=scale, scale_log2=scale * _LOG2E)
+                    softmax_scale=scale, scale_log2=scale * _LOG2E, nheads=nheads,
+                    batch=batch)
         kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, params)
     return True
 

@@ -139,6 +139,8 @@ SM90_FWD = Struct("Sm90FwdParams", "Hopper forward kernel (fa2_forward_sm90.cu).
     Field("tm_k", "tmap", "K's tensor map, boxes of 64 columns x B_c rows"),
     Field("tm_v", "tmap", "V's tensor map, as K's"),
     *FWD.fields,
+    Field("nheads", "i32", "query heads (the persistent grid's tiles)"),
+    Field("batch", "i32", "batch entries (the persistent grid's tiles)"),
 ])
 
 # ---- the backward family: preprocess, main kernel, dQ pass ----------------------------------

@@ -359,7 +359,7 @@ class Sm90ForwardConfig:
     def smem_bytes(self) -> int:
         # 1024 (alignment) + Q_i + stages x (K_j, V_j) + mbarriers (ForwardTileSm90::SMEM_BYTES)
         return 1024 + 2 * self.B_r * self.HD + 2 * self.stages * 2 * self.B_c * self.HD \
-            + 8 * (1 + 4 * self.stages)
+            + 8 * (2 + 4 * self.stages)
 
     def tile_asserts(self) -> list[str]:
         return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}"]

@@ -75,9 +75,11 @@ def sm90_forward_plan(dtype_name: str, d: int, causal: bool, config=None) -> Pla
                 {"main": cfg.smem_bytes})
 
 
-def sm90_forward_grid(cfg, seqlen_q: int, nheads: int, batch: int) -> tuple:
-    """(row blocks, heads, batch): one thread block per 128 query rows."""
-    return ((seqlen_q + cfg.B_r - 1) // cfg.B_r, nheads, batch)
+def sm90_forward_grid(cfg, seqlen_q: int, nheads: int, batch: int, sms: int) -> tuple:
+    """A persistent grid: one thread block per SM (at most one per tile of 128 query rows x
+    head x batch entry); block x takes tiles x, x + grid, ... (fa2_forward_sm90.cu)."""
+    tiles = (seqlen_q + cfg.B_r - 1) // cfg.B_r * nheads * batch
+    return (max(1, min(tiles, sms)), 1, 1)
 
 
 def _sm90_forward_plans(dt, HD, causal, smem, bulk) -> list:

@@ -69,7 +69,7 @@ struct ForwardTileSm90 {
     // the tiles can start on a 1024-byte boundary whatever the base.
     static constexpr int Q_BYTES = B_r * HD * 2;
     static constexpr int KV_BYTES = B_c * HD * 2;  // one of K_j, V_j
-    static constexpr int BAR_BYTES = 8 * (1 + 4 * STAGES);
+    static constexpr int BAR_BYTES = 8 * (2 + 4 * STAGES);
     static constexpr int SMEM_BYTES = 1024 + Q_BYTES + 2 * STAGES * KV_BYTES + BAR_BYTES;
     static constexpr int CONSUMER_REGS = 240, PRODUCER_REGS = 32;
 
@@ -94,27 +94,35 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         return sQ + Tile::Q_BYTES + (STAGES + stage) * Tile::KV_BYTES;
     };
     const unsigned bars = sQ + Tile::Q_BYTES + 2 * STAGES * Tile::KV_BYTES;
-    const unsigned q_full = bars;
-    auto k_full = [&](int stage) { return bars + 8 * (1 + stage); };
-    auto v_full = [&](int stage) { return bars + 8 * (1 + STAGES + stage); };
-    auto k_free = [&](int stage) { return bars + 8 * (1 + 2 * STAGES + stage); };
-    auto v_free = [&](int stage) { return bars + 8 * (1 + 3 * STAGES + stage); };
+    const unsigned q_full = bars, q_free = bars + 8;
+    auto k_full = [&](int stage) { return bars + 8 * (2 + stage); };
+    auto v_full = [&](int stage) { return bars + 8 * (2 + STAGES + stage); };
+    auto k_free = [&](int stage) { return bars + 8 * (2 + 2 * STAGES + stage); };
+    auto v_free = [&](int stage) { return bars + 8 * (2 + 3 * STAGES + stage); };
 
     const int tid = threadIdx.x, warpgroup = tid / 128;
-    const int row_block = MaskT::CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
-    const SeqInfo seq = seq_info(p, batch);
-    const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
-    const MaskT mask(p, seqlen_q, seqlen_k);
-    const int row0 = row_block * B_r;
-    const ColumnBlocks cb = column_blocks<B_r, B_c>(mask, row_block);
+
+    // ---- the tiles: (row block, head, batch), persistent ------------------------------------
+    // The grid has at most one thread block per SM; block x takes tiles x, x + gridDim.x, ...
+    // Tiles go row block by row block (every head and batch entry of one row block, then the
+    // next), with the causal mask from the bottom row block up: the longest first.
+    const int T_r = (p.seqlen_q + B_r - 1) / B_r;
+    const int per_row_block = p.nheads * p.batch, tiles = T_r * per_row_block;
+    struct Tile_ {
+        int row_block, head, batch;
+    };
+    auto tile_at = [&](int t) {
+        const int r = t / per_row_block, x = t % per_row_block;
+        return Tile_{MaskT::CAUSAL ? T_r - 1 - r : r, x % p.nheads, x / p.nheads};
+    };
 
     if (tid == 0) {
         mbar_init(q_full, 1);
+        mbar_init(q_free, 8);  // one arrival per consumer warp
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);
             mbar_init(v_full(s), 1);
-            mbar_init(k_free(s), 8);  // one arrival per consumer warp
+            mbar_init(k_free(s), 8);
             mbar_init(v_free(s), 8);
         }
         mbar_init_fence();
@@ -124,31 +132,37 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     if (warpgroup == 0) {
         // ---- producer: TMA loads ------------------------------------------------------
         regs_decrease<Tile::PRODUCER_REGS>();
-        // Two issuing threads, one for K and one for V, so that a K load never waits behind a
-        // V slot that P~V still reads (warp 0 also loads Q_i first).
-        // K_j (or V_j) of the visited column blocks, in order, into slot it % STAGES; a slot
-        // is reused once the consumers have freed it (its previous round).
-        auto load_all = [&](const TensorMap* map, auto full, auto free, auto dst) {
-            const int head_k = head / p.group;
-            int it = 0;
+        // Two issuing threads, one for K (and Q_i) and one for V, so that a K load never
+        // waits behind a V slot that P~V still reads. Slots are counted over all the block's
+        // tiles (`it`): K_j (or V_j) goes to slot it % STAGES once the consumers have freed
+        // its previous round.
+        if (tid != 0 && tid != 32) return;
+        const bool is_k = tid == 0;
+        const TensorMap* map = is_k ? &p.tm_k : &p.tm_v;
+        int it = 0, count = 0;
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++count) {
+            const Tile_ tl = tile_at(t);
+            const SeqInfo seq = seq_info(p, tl.batch);
+            const MaskT mask(p, seq.seqlen_q, seq.seqlen_k);
+            const ColumnBlocks cb = column_blocks<B_r, B_c>(mask, tl.row_block);
+            const int head_k = tl.head / p.group;
+            if (is_k) {  // Q_i: GROUPS boxes of (64 columns x 128 rows), once the last is read
+                mbar_wait(q_free, (count & 1) ^ 1);
+                mbar_arrive_expect_tx(q_full, Tile::Q_BYTES);
+                for (int g = 0; g < GROUPS; ++g)
+                    tma_load_4d(sQ + g * (B_r * 128), &p.tm_q, q_full, g * 64,
+                                seq.q_row0() + tl.row_block * B_r, tl.head, seq.q_batch());
+            }
             for (int j = cb.begin; j < cb.end; ++j, ++it) {
                 const int stage = it % STAGES;
-                mbar_wait(free(stage), ((it / STAGES) & 1) ^ 1);
-                mbar_arrive_expect_tx(full(stage), Tile::KV_BYTES);
+                const unsigned full = is_k ? k_full(stage) : v_full(stage);
+                mbar_wait(is_k ? k_free(stage) : v_free(stage), ((it / STAGES) & 1) ^ 1);
+                mbar_arrive_expect_tx(full, Tile::KV_BYTES);
+                const unsigned dst = is_k ? sK(stage) : sV(stage);
                 for (int g = 0; g < GROUPS; ++g)
-                    tma_load_4d(dst(stage) + g * (B_c * 128), map, full(stage), g * 64,
+                    tma_load_4d(dst + g * (B_c * 128), map, full, g * 64,
                                 seq.k_row0() + j * B_c, head_k, seq.k_batch());
             }
-        };
-        if (tid == 0) {
-            // Q_i: GROUPS boxes of (64 columns x 128 rows)
-            mbar_arrive_expect_tx(q_full, Tile::Q_BYTES);
-            for (int g = 0; g < GROUPS; ++g)
-                tma_load_4d(sQ + g * (B_r * 128), &p.tm_q, q_full, g * 64,
-                            seq.q_row0() + row0, head, seq.q_batch());
-            load_all(&p.tm_k, k_full, k_free, sK);
-        } else if (tid == 32) {
-            load_all(&p.tm_v, v_full, v_free, sV);
         }
         return;
     }
@@ -157,20 +171,13 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     regs_increase<Tile::CONSUMER_REGS>();
     const int wg = warpgroup - 1;          // which 64 rows of Q_i: 64 wg ..
     const int warp = (tid / 32) % 4, lane = tid % 32;
-    const int row_lane = row0 + 64 * wg + 16 * warp + lane / 4;  // + 8 e2: this lane's rows
     const Score score(p);
-
-    float o[1][NT_O][4];  // O~_i, unscaled (this warp's 16 rows of the consumer's 64)
-    zero(o);
-    OnlineSoftmax<1, NT_S, NT_O, false, false> softmax;
-
-    mbar_wait(q_full, 0);
     // This consumer's 64 rows of Q_i: group g at sQ + g * 128 rows * 128 bytes + 64 wg rows.
     const unsigned q_rows = sQ + wg * 64 * 128;
 
-    // S_ij = Q_i K_j^T for the it-th visited block j, issued (not awaited): HD / 16 k-steps
-    // of m64 n B_c k16; step kk reads 16 head-dim columns: group kk / 4, byte offset 32 (kk % 4)
-    // within the 128-byte rows.
+    // S_ij = Q_i K_j^T for the block in slot round `it` (counted over the block's tiles),
+    // issued (not awaited): HD / 16 k-steps of m64 n B_c k16; step kk reads 16 head-dim
+    // columns: group kk / 4, byte offset 32 (kk % 4) within the 128-byte rows.
     auto issue_s = [&](float (&s)[1][NT_S][4], int it) {
         const int stage = it % STAGES;
         mbar_wait(k_full(stage), (it / STAGES) & 1);
@@ -184,34 +191,10 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         }
         wgmma_commit();
     };
-
-    // ---- the FA2 inner loop, on wgmma: one step per column block j ------------------------
-    // Built from four pieces (issue_s above, softmax_step, issue_pv, release) in one of
-    // three schedules: ping-pong between the two consumers (PINGPONG), or each consumer on
-    // its own with or without the intra-warpgroup overlap (OVERLAP).
-    const int n = cb.end - cb.begin;  // column blocks visited
-    // Mask, online softmax and P~ for block it, S_ij in s (awaited): P~_ij packed into pa, the
-    // A fragments of P~V (the S accumulators of n8 tiles 2 kk, 2 kk + 1 are the A fragment of
-    // k-step kk). Needs the previous P~V done (it rescales O~_i).
-    auto softmax_step = [&](float (&s)[1][NT_S][4], int it, unsigned (&pa)[B_c / 16][4]) {
-        const int j = cb.begin + it, col0 = j * B_c;
-        // Mask (mask.cuh), on blocks that cross a mask limit or the end of K (block_range.cuh):
-        // S_ij[r, c] = -inf where key c is not visible from query r.
-        if (j >= cb.masked_begin || (MaskT::LOCAL && j < cb.unmasked_begin))
-            mask_fragment(mask, s[0], row_lane, col0, lane);
-        // Online softmax (softmax.cuh): P~_ij in place of S_ij, l_i and O~_i rescaled.
-        softmax.update(s, o, score.exp2_scale, lane);
-#pragma unroll
-        for (int kk = 0; kk < B_c / 16; ++kk) {
-            pa[kk][0] = T::pack(s[0][2 * kk][0], s[0][2 * kk][1]);
-            pa[kk][1] = T::pack(s[0][2 * kk][2], s[0][2 * kk][3]);
-            pa[kk][2] = T::pack(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-            pa[kk][3] = T::pack(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
-        }
-    };
-    // O~_i += P~_ij V_j for block it, issued and committed (not awaited): B_c / 16 k-steps of
-    // m64 n HD k16, P~ from registers, V_j N-major: k-step kk starts 16 kk rows down, 64-column
-    // groups B_c rows apart.
+    // O~_i += P~_ij V_j for the block in slot round `it`, issued and committed (not awaited):
+    // B_c / 16 k-steps of m64 n HD k16, P~ from registers, V_j N-major: k-step kk starts 16 kk
+    // rows down, 64-column groups B_c rows apart.
+    float o[1][NT_O][4];  // O~_i, unscaled (this warp's 16 rows of the consumer's 64)
     auto issue_pv = [&](const unsigned (&pa)[B_c / 16][4], int it) {
         const int stage = it % STAGES;
         mbar_wait(v_full(stage), (it / STAGES) & 1);
@@ -222,97 +205,147 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                              1);
         wgmma_commit();
     };
-    // One arrival per warp on a slot's "read" barrier.
+    // One arrival per warp on a "read" barrier.
     auto release = [&](unsigned bar) {
         __syncwarp();
         if (lane == 0) mbar_arrive(bar);
     };
 
-    if constexpr (Tile::PINGPONG) {
-        // ---- ping-pong (FlashAttention-3's inter-warpgroup overlap) ---------------------
-        // The two consumers take turns on the tensor cores: in its turn a consumer issues
-        // P~V of its previous block and S of its next, then hands the turn over and runs its
-        // softmax while the other's matmuls run. Turns are named barriers: consumer w waits
-        // on barrier 1 + w (256 threads: its own 128 and the other's arrival).
-        unsigned pa[B_c / 16][4];
-        float s[1][NT_S][4];
-        if (wg == 1 && n > 0) named_barrier_arrive(1, 256);  // consumer 0 starts
-        for (int it = 0; it < n; ++it) {
-            named_barrier_sync(1 + wg, 256);
-            if (it > 0) issue_pv(pa, it - 1);
-            issue_s(s, it);
-            if (!(wg == 1 && it == n - 1)) named_barrier_arrive(2 - wg, 256);
-            wgmma_wait<0>();
-            fence_accumulators(s[0]);
-            fence_accumulators(o[0]);
-            release(k_free(it % STAGES));                    // S_ij is done: K_j is read
-            if (it > 0) release(v_free((it - 1) % STAGES));  // and the previous P~V: V_j
-            softmax_step(s, it, pa);
-        }
-        if (n > 0) issue_pv(pa, n - 1);
-    } else {
-        // ---- the FA2 inner loop, in one warpgroup (optionally OVERLAP) --------------------
-        // Step it works on S_ij in `s` and, with OVERLAP, first issues S for the next block
-        // into `s_next`, so that the tensor cores compute it while this step's softmax runs
-        // (FlashAttention-3's intra-warpgroup overlap); the two S buffers take turns.
-        auto step = [&](float (&s)[1][NT_S][4], float (&s_next)[1][NT_S][4], int it) {
-            const int stage = it % STAGES;
-            const bool has_next = Tile::OVERLAP && it + 1 < n;
-            if (!Tile::OVERLAP) issue_s(s, it);  // (no overlap: S_ij now, one S buffer)
-            if (has_next) issue_s(s_next, it + 1);
-            // In flight: S_ij and the previous step's P~V (older), the next S (newest).
-            if (has_next)
-                wgmma_wait<1>();
-            else
-                wgmma_wait<0>();
-            fence_accumulators(s[0]);
-            fence_accumulators(o[0]);
-            if (Tile::OVERLAP) {  // S_ij is done, and the previous step's P~V
-                release(k_free(stage));
-                if (it > 0) release(v_free((it - 1) % STAGES));
-            }
-            unsigned pa[B_c / 16][4];
-            softmax_step(s, it, pa);
-            issue_pv(pa, it);
-            if (!Tile::OVERLAP) {  // P~V awaited here; K_j and V_j are read: free the slot
-                wgmma_wait<0>();
-                fence_accumulators(o[0]);
-                release(k_free(stage));
-                release(v_free(stage));
+    int it0 = 0, count = 0;  // slot rounds before this tile, tiles done
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++count) {
+        const Tile_ tl = tile_at(t);
+        const int head = tl.head, nheads = p.nheads;
+        const SeqInfo seq = seq_info(p, tl.batch);
+        const int seqlen_q = seq.seqlen_q;
+        const MaskT mask(p, seqlen_q, seq.seqlen_k);
+        const int row0 = tl.row_block * B_r;
+        const ColumnBlocks cb = column_blocks<B_r, B_c>(mask, tl.row_block);
+        const int n = cb.end - cb.begin;  // column blocks visited
+        const int row_lane = row0 + 64 * wg + 16 * warp + lane / 4;  // + 8 e2: this lane's rows
+
+        zero(o);
+        OnlineSoftmax<1, NT_S, NT_O, false, false> softmax;
+        mbar_wait(q_full, count & 1);
+
+        // Mask, online softmax and P~ for block j, S_ij in s (awaited): P~_ij packed into pa,
+        // the A fragments of P~V (the S accumulators of n8 tiles 2 kk, 2 kk + 1 are the A
+        // fragment of k-step kk). Needs the previous P~V done (it rescales O~_i).
+        auto softmax_step = [&](float (&s)[1][NT_S][4], int j, unsigned (&pa)[B_c / 16][4]) {
+            const int col0 = j * B_c;
+            // Mask (mask.cuh), on blocks that cross a mask limit or the end of K
+            // (block_range.cuh): S_ij[r, c] = -inf where key c is not visible from query r.
+            if (j >= cb.masked_begin || (MaskT::LOCAL && j < cb.unmasked_begin))
+                mask_fragment(mask, s[0], row_lane, col0, lane);
+            // Online softmax (softmax.cuh): P~_ij in place of S_ij, l_i and O~_i rescaled.
+            softmax.update(s, o, score.exp2_scale, lane);
+#pragma unroll
+            for (int kk = 0; kk < B_c / 16; ++kk) {
+                pa[kk][0] = T::pack(s[0][2 * kk][0], s[0][2 * kk][1]);
+                pa[kk][1] = T::pack(s[0][2 * kk][2], s[0][2 * kk][3]);
+                pa[kk][2] = T::pack(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+                pa[kk][3] = T::pack(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
             }
         };
-        float s_a[1][NT_S][4];
-        if constexpr (Tile::OVERLAP) {
-            float s_b[1][NT_S][4];
-            if (n > 0) issue_s(s_a, 0);
-            for (int it = 0; it < n; it += 2) {
-                step(s_a, s_b, it);
-                if (it + 1 < n) step(s_b, s_a, it + 1);
-            }
-        } else {
-            for (int it = 0; it < n; ++it) step(s_a, s_a, it);
-        }
-    }
-    wgmma_wait<0>();
-    fence_accumulators(o[0]);
 
-    // ---- epilogue: O_i = diag(l_i)^-1 O~_i, L_i = m_i + log(l_i) ---------------------------
+        // ---- the FA2 inner loop, on wgmma: one step per column block j --------------------
+        // In one of three schedules: ping-pong between the two consumers (PINGPONG), or each
+        // consumer on its own, with or without the intra-warpgroup overlap (OVERLAP).
+        if constexpr (Tile::PINGPONG) {
+            // The two consumers take turns on the tensor cores: in its turn a consumer issues
+            // P~V of its previous block and S of its next, then hands the turn over and runs
+            // its softmax while the other's matmuls run (FlashAttention-3's inter-warpgroup
+            // overlap). Turns are named barriers: consumer w waits on barrier 1 + w (256
+            // threads: its own 128 and the other's arrival); per tile, consumer 0 goes first.
+            unsigned pa[B_c / 16][4];
+            float s[1][NT_S][4];
+            if (wg == 1 && n > 0) named_barrier_arrive(1, 256);
+            for (int i = 0; i < n; ++i) {
+                named_barrier_sync(1 + wg, 256);
+                if (i > 0) issue_pv(pa, it0 + i - 1);
+                issue_s(s, it0 + i);
+                if (!(wg == 1 && i == n - 1)) named_barrier_arrive(2 - wg, 256);
+                wgmma_wait<0>();
+                fence_accumulators(s[0]);
+                fence_accumulators(o[0]);
+                release(k_free((it0 + i) % STAGES));  // S_ij is done: K_j is read
+                if (i > 0) release(v_free((it0 + i - 1) % STAGES));  // and the last P~V
+                softmax_step(s, cb.begin + i, pa);
+            }
+            if (n > 0) issue_pv(pa, it0 + n - 1);
+        } else {
+            // Step i works on S_ij in `s` and, with OVERLAP, first issues S for the next
+            // block into `s_next`, so that the tensor cores compute it while this step's
+            // softmax runs (FlashAttention-3's intra-warpgroup overlap).
+            auto step = [&](float (&s)[1][NT_S][4], float (&s_next)[1][NT_S][4], int i) {
+                const int it = it0 + i, stage = it % STAGES;
+                const bool has_next = Tile::OVERLAP && i + 1 < n;
+                if (!Tile::OVERLAP) issue_s(s, it);  // (no overlap: S_ij now, one S buffer)
+                if (has_next) issue_s(s_next, it + 1);
+                // In flight: S_ij and the previous P~V (older), the next S (newest).
+                if (has_next)
+                    wgmma_wait<1>();
+                else
+                    wgmma_wait<0>();
+                fence_accumulators(s[0]);
+                fence_accumulators(o[0]);
+                if (Tile::OVERLAP) {  // S_ij is done, and the previous step's P~V
+                    release(k_free(stage));
+                    if (i > 0) release(v_free((it - 1) % STAGES));
+                }
+                unsigned pa[B_c / 16][4];
+                softmax_step(s, cb.begin + i, pa);
+                issue_pv(pa, it);
+                if (!Tile::OVERLAP) {  // P~V awaited here; K_j and V_j are read
+                    wgmma_wait<0>();
+                    fence_accumulators(o[0]);
+                    release(k_free(stage));
+                    release(v_free(stage));
+                }
+            };
+            float s_a[1][NT_S][4];
+            if constexpr (Tile::OVERLAP) {
+                float s_b[1][NT_S][4];
+                if (n > 0) issue_s(s_a, it0);
+                for (int i = 0; i < n; i += 2) {
+                    step(s_a, s_b, i);
+                    if (i + 1 < n) step(s_b, s_a, i + 1);
+                }
+                // (OVERLAP frees V of a step in the next one: the tile's last V here)
+                if (n > 0) {
+                    wgmma_wait<0>();
+                    release(v_free((it0 + n - 1) % STAGES));
+                }
+            } else {
+                for (int i = 0; i < n; ++i) step(s_a, s_a, i);
+            }
+        }
+        wgmma_wait<0>();
+        fence_accumulators(o[0]);
+        release(q_free);  // every S of this tile is done: Q_i may be replaced
+        if constexpr (Tile::PINGPONG) {  // (ping-pong frees V of a step in the next one)
+            if (n > 0) release(v_free((it0 + n - 1) % STAGES));
+        }
+        it0 += n;
+
+        // ---- epilogue: O_i = diag(l_i)^-1 O~_i, L_i = m_i + log(l_i) -----------------------
 #pragma unroll
-    for (int e2 = 0; e2 < 2; ++e2) {
-        const float l_row = softmax.row_sum(0, e2, lane);
-        softmax.normalise(o, 0, e2, l_row);
-        const int row = row_lane + 8 * e2;
-        if (lane % 4 == 0 && row < seqlen_q)
-            p.lse[seq.row_vector(head, nheads) + row] = softmax.lse(0, e2, l_row, score.lse_scale);
-        if (row < seqlen_q) {
-            elem_t* out = p.o + seq.q_offset(p.o_stride_b, p.o_stride_s) + row * p.o_stride_s +
-                          head * p.o_stride_h;
+        for (int e2 = 0; e2 < 2; ++e2) {
+            const float l_row = softmax.row_sum(0, e2, lane);
+            softmax.normalise(o, 0, e2, l_row);
+            const int row = row_lane + 8 * e2;
+            if (lane % 4 == 0 && row < seqlen_q)
+                p.lse[seq.row_vector(head, nheads) + row] =
+                    softmax.lse(0, e2, l_row, score.lse_scale);
+            if (row < seqlen_q) {
+                elem_t* out = p.o + seq.q_offset(p.o_stride_b, p.o_stride_s) +
+                              row * p.o_stride_s + head * p.o_stride_h;
 #pragma unroll
-            for (int nt = 0; nt < NT_O; ++nt) {
-                const int col = nt * 8 + (lane % 4) * 2;
-                if (col < p.d)
-                    *reinterpret_cast<unsigned*>(out + col) =
-                        T::pack(o[0][nt][e2 * 2], o[0][nt][e2 * 2 + 1]);
+                for (int nt = 0; nt < NT_O; ++nt) {
+                    const int col = nt * 8 + (lane % 4) * 2;
+                    if (col < p.d)
+                        *reinterpret_cast<unsigned*>(out + col) =
+                            T::pack(o[0][nt][e2 * 2], o[0][nt][e2 * 2 + 1]);
+                }
             }
         }
     }

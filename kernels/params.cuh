@@ -193,6 +193,8 @@ struct Sm90FwdParams {
     int group;                      // query heads per kv head (head h reads kv head h / group)
     float softmax_scale;            // scale of S = Q K^T
     float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
+    int nheads;                     // query heads (the persistent grid's tiles)
+    int batch;                      // batch entries (the persistent grid's tiles)
 };
 static_assert(sizeof(Sm90FwdParams) == 576, "Sm90FwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
@@ -225,6 +227,8 @@ static_assert(__builtin_offsetof(Sm90FwdParams, d) == 552, "Sm90FwdParams.d");
 static_assert(__builtin_offsetof(Sm90FwdParams, group) == 556, "Sm90FwdParams.group");
 static_assert(__builtin_offsetof(Sm90FwdParams, softmax_scale) == 560, "Sm90FwdParams.softmax_scale");
 static_assert(__builtin_offsetof(Sm90FwdParams, scale_log2) == 564, "Sm90FwdParams.scale_log2");
+static_assert(__builtin_offsetof(Sm90FwdParams, nheads) == 568, "Sm90FwdParams.nheads");
+static_assert(__builtin_offsetof(Sm90FwdParams, batch) == 572, "Sm90FwdParams.batch");
 #endif
 
 }  // namespace cuflash
