@@ -71,7 +71,13 @@ struct ForwardTileSm90 {
     static constexpr int KV_BYTES = B_c * HD * 2;  // one of K_j, V_j
     static constexpr int BAR_BYTES = 8 * (2 + 4 * STAGES);
     static constexpr int SMEM_BYTES = 1024 + Q_BYTES + 2 * STAGES * KV_BYTES + BAR_BYTES;
-    static constexpr int CONSUMER_REGS = 240, PRODUCER_REGS = 32;
+    // setmaxnreg moves registers between warpgroups of the block: the consumers' increase
+    // waits until the producer's decrease has freed enough of what the launch allocated
+    // (__launch_bounds__(384, 1): 168 per thread). Asking for more than that hangs the block.
+    static constexpr int CONSUMER_REGS = 232, PRODUCER_REGS = 40;
+    static_assert(PRODUCER_REGS * 128 + 2 * CONSUMER_REGS * 128 <= 65536 / NTHREADS / 8 * 8 *
+                                                                    NTHREADS,
+                  "setmaxnreg: the warpgroups ask for more registers than the launch has");
 
     static_assert(HD % 64 == 0 && HD <= 256, "head dim padded to a multiple of 64, <= 256");
     static_assert(B_c % 16 == 0 && B_c <= 256, "B_c: whole k16 steps of P V, one wgmma");
