@@ -445,9 +445,10 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
     maps = _tma.qkv_maps(q, k, v, qkv_strides, dtype_name, tile.B_r, tile.B_c)
     if maps is None:
         return False
-    grid = _registry.sm90_forward_grid(
-        cfg, seqlen_q, nheads, batch,
-        int(_device_properties(cupy, device_id)["multiProcessorCount"]))
+    props = _device_properties(cupy, device_id)
+    grid, section = _registry.sm90_forward_grid(
+        cfg, seqlen_q, k.shape[1], nheads, batch, int(props["multiProcessorCount"]),
+        int(props.get("l2CacheSize", 0)) or 50 << 20)
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + 2 consumer warpgroups): "
               f"B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.stages} K/V stages, head dim padded to "
@@ -462,7 +463,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
                     k_strides=ks, v_strides=vs, o_strides=out_strides, seqlen_q=seqlen_q,
                     seqlen_k=k.shape[1], d=d, group=nheads // k.shape[2],
                     softmax_scale=scale, scale_log2=scale * _LOG2E, nheads=nheads,
-                    batch=batch)
+                    batch=batch, section=section)
         kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, params)
     return True
 

@@ -141,6 +141,7 @@ SM90_FWD = Struct("Sm90FwdParams", "Hopper forward kernel (fa2_forward_sm90.cu).
     *FWD.fields,
     Field("nheads", "i32", "query heads (the persistent grid's tiles)"),
     Field("batch", "i32", "batch entries (the persistent grid's tiles)"),
+    Field("section", "i32", "(head, batch) pairs per L2 section of the tile order"),
 ])
 
 # ---- the backward family: preprocess, main kernel, dQ pass ----------------------------------

@@ -365,18 +365,22 @@ class Sm90ForwardConfig:
         return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}"]
 
 
-# (HD bucket, causal) -> tile. The intra-warpgroup overlap (overlap=True) is off: with it the
-# d 128 forward measured 15% slower on the H200 (512 against 599 TFLOP/s at n 4096; its
-# second S buffer also spills at d 192 and 256): PERFORMANCE.md. Not tuned beyond that yet.
+# (HD bucket, causal) -> tile, from the H200 sweep of 2026-11-30 (bf16, kernel timing,
+# PERFORMANCE.md): ping-pong with the widest B_c that fits 227 KB and 232 registers won at
+# d 128 (128x176: 615 against 579 TFLOP/s for 128x128 at n 16k) and d 256 (128x80: 714
+# against 662 at n 8k); at d 64 128x176x3 (non-causal) and 128x192x2 (causal) by 1-4%.
+# d 192 keeps 128x96 (not swept). The intra-warpgroup overlap (overlap=True) is off: the d 128
+# forward measured 15% slower with it (512 against 599 TFLOP/s at n 4096; its second S buffer
+# also spills at d 192 and 256).
 SM90_FORWARD_TILES = {
-    (64, False): Sm90ForwardConfig(64, 128, 3, pingpong=True),
-    (64, True): Sm90ForwardConfig(64, 128, 3, pingpong=True),
-    (128, False): Sm90ForwardConfig(128, 128, 2, pingpong=True),
-    (128, True): Sm90ForwardConfig(128, 128, 2, pingpong=True),
+    (64, False): Sm90ForwardConfig(64, 176, 3, pingpong=True),
+    (64, True): Sm90ForwardConfig(64, 192, 2, pingpong=True),
+    (128, False): Sm90ForwardConfig(128, 176, 2, pingpong=True),
+    (128, True): Sm90ForwardConfig(128, 176, 2, pingpong=True),
     (192, False): Sm90ForwardConfig(192, 96, 2, pingpong=True),
     (192, True): Sm90ForwardConfig(192, 96, 2, pingpong=True),
-    (256, False): Sm90ForwardConfig(256, 64, 2, pingpong=True),
-    (256, True): Sm90ForwardConfig(256, 64, 2, pingpong=True),
+    (256, False): Sm90ForwardConfig(256, 80, 2, pingpong=True),
+    (256, True): Sm90ForwardConfig(256, 80, 2, pingpong=True),
 }
 
 

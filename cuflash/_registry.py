@@ -75,11 +75,17 @@ def sm90_forward_plan(dtype_name: str, d: int, causal: bool, config=None) -> Pla
                 {"main": cfg.smem_bytes})
 
 
-def sm90_forward_grid(cfg, seqlen_q: int, nheads: int, batch: int, sms: int) -> tuple:
-    """A persistent grid: one thread block per SM (at most one per tile of 128 query rows x
-    head x batch entry); block x takes tiles x, x + grid, ... (fa2_forward_sm90.cu)."""
+def sm90_forward_grid(cfg, seqlen_q: int, seqlen_k: int, nheads: int, batch: int, sms: int,
+                      l2_bytes: int) -> tuple:
+    """(grid, section) of the Hopper forward. A persistent grid: one thread block per SM (at
+    most one per tile of 128 query rows x head x batch entry); block x takes tiles x,
+    x + grid, ... (fa2_forward_sm90.cu). The tiles go section by section, a section being as
+    many (head, batch) pairs as have K and V in half the L2 cache, every row block of a
+    section before the next: the blocks running at once read the same few K and V."""
     tiles = (seqlen_q + cfg.B_r - 1) // cfg.B_r * nheads * batch
-    return (max(1, min(tiles, sms)), 1, 1)
+    kv_bytes = 2 * seqlen_k * cfg.HD * 2  # K and V of one (head, batch) pair
+    section = max(1, min(nheads * batch, l2_bytes // 2 // max(kv_bytes, 1)))
+    return (max(1, min(tiles, sms)), 1, 1), section
 
 
 def _sm90_forward_plans(dt, HD, causal, smem, bulk) -> list:

@@ -110,15 +110,20 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
 
     // ---- the tiles: (row block, head, batch), persistent ------------------------------------
     // The grid has at most one thread block per SM; block x takes tiles x, x + gridDim.x, ...
-    // Tiles go row block by row block (every head and batch entry of one row block, then the
-    // next), with the causal mask from the bottom row block up: the longest first.
-    const int T_r = (p.seqlen_q + B_r - 1) / B_r;
-    const int per_row_block = p.nheads * p.batch, tiles = T_r * per_row_block;
+    // The (head, batch) pairs are cut into sections of p.section pairs (as many as have K and
+    // V in half the L2 cache: the blocks running at once share them). Within a section the
+    // tiles go row block by row block, every pair of the section at each, with the causal
+    // mask from the bottom row block up: the longest first.
+    const int T_r = (p.seqlen_q + B_r - 1) / B_r, pairs = p.nheads * p.batch;
+    const int tiles = T_r * pairs, section_tiles = T_r * p.section;
     struct Tile_ {
         int row_block, head, batch;
     };
     auto tile_at = [&](int t) {
-        const int r = t / per_row_block, x = t % per_row_block;
+        const int first = t / section_tiles * p.section;      // the section's first pair
+        const int width = min(p.section, pairs - first);      // its pairs (the last: fewer)
+        const int within = t - first * T_r;                    // tile within the section
+        const int r = within / width, x = first + within % width;
         return Tile_{MaskT::CAUSAL ? T_r - 1 - r : r, x % p.nheads, x / p.nheads};
     };
 

@@ -195,8 +195,9 @@ struct Sm90FwdParams {
     float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
     int nheads;                     // query heads (the persistent grid's tiles)
     int batch;                      // batch entries (the persistent grid's tiles)
+    int section;                    // (head, batch) pairs per L2 section of the tile order
 };
-static_assert(sizeof(Sm90FwdParams) == 576, "Sm90FwdParams: size differs from cuflash/_params.py");
+static_assert(sizeof(Sm90FwdParams) == 640, "Sm90FwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(Sm90FwdParams, tm_q) == 0, "Sm90FwdParams.tm_q");
 static_assert(__builtin_offsetof(Sm90FwdParams, tm_k) == 128, "Sm90FwdParams.tm_k");
@@ -229,6 +230,7 @@ static_assert(__builtin_offsetof(Sm90FwdParams, softmax_scale) == 560, "Sm90FwdP
 static_assert(__builtin_offsetof(Sm90FwdParams, scale_log2) == 564, "Sm90FwdParams.scale_log2");
 static_assert(__builtin_offsetof(Sm90FwdParams, nheads) == 568, "Sm90FwdParams.nheads");
 static_assert(__builtin_offsetof(Sm90FwdParams, batch) == 572, "Sm90FwdParams.batch");
+static_assert(__builtin_offsetof(Sm90FwdParams, section) == 576, "Sm90FwdParams.section");
 #endif
 
 }  // namespace cuflash

@@ -71,7 +71,7 @@ def _fake_cupy(sms=132, smem=227 * 1024, cc=90):
     cp.zeros = lambda shape, dtype=np.float32: FakeArray(np.zeros(shape, dtype))
     cp.full = lambda shape, value, dtype=np.float32: FakeArray(np.full(shape, value, dtype))
     props = {"multiProcessorCount": sms, "sharedMemPerBlockOptin": smem, "major": cc // 10,
-             "minor": cc % 10}
+             "minor": cc % 10, "l2CacheSize": 50 << 20}
 
     class Device:
         def __init__(self, i=0):
@@ -181,6 +181,8 @@ def test_sm90_forward_packs_tensor_maps_and_fields(fake, monkeypatch, causal, d)
     assert grid == (min(-(-333 // 128) * 8 * 2, 132), 1, 1)
     assert block == 384 and smem == cfg.smem_bytes
     assert (p["nheads"], p["batch"]) == (8, 2)
+    # L2 sections: as many (head, batch) pairs as have K and V (700 rows) in 25 MB: all 16
+    assert p["section"] == min(16, (25 << 20) // (2 * 700 * cfg.HD * 2))
     for field, x, rows in (("tm_q", q, 128), ("tm_k", k, cfg.B_c), ("tm_v", v, cfg.B_c)):
         b, s, h, _ = x.shape
         words = struct.unpack_from("<15q", p[field])
