@@ -447,12 +447,12 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
         return False
     props = _device_properties(cupy, device_id)
     grid, section = _registry.sm90_forward_grid(
-        cfg, seqlen_q, k.shape[1], nheads, batch, int(props["multiProcessorCount"]),
+        cfg, causal, seqlen_q, k.shape[1], nheads, batch, int(props["multiProcessorCount"]),
         int(props.get("l2CacheSize", 0)) or 50 << 20)
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + 2 consumer warpgroups): "
               f"B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.stages} K/V stages, head dim padded to "
-              f"{cfg.HD}, persistent grid of {grid[0]} blocks over "
+              f"{cfg.HD}, grid of {grid[0]} blocks over "
               f"{-(-seqlen_q // cfg.B_r) * nheads * batch} tiles, {cfg.smem_bytes} bytes of "
               f"shared memory")
     qs, ks, vs = qkv_strides

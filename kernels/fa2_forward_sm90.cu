@@ -1,6 +1,6 @@
 // fa2_forward_sm90.cu: FlashAttention-2 forward on Hopper (sm_90a): TMA loads, wgmma, warp
 // specialisation. The same algorithm as fa2_forward.cu (the seed document, section 2.4.1.1):
-//   one thread block per (row block i of Q, head, batch); for each column block j:
+//   one tile per (row block i of Q, head, batch); for each column block j:
 //       S_ij   = Q_i K_j^T                               (wgmma, Q_i and K_j in shared memory)
 //       m_new  = max(m_i, rowmax(S_ij))
 //       P~_ij  = exp(S_ij - m_new)
@@ -108,8 +108,9 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
 
     const int tid = threadIdx.x, warpgroup = tid / 128;
 
-    // ---- the tiles: (row block, head, batch), persistent ------------------------------------
-    // The grid has at most one thread block per SM; block x takes tiles x, x + gridDim.x, ...
+    // ---- the tiles: (row block, head, batch) ------------------------------------------------
+    // Block x takes tiles x, x + gridDim.x, ...: persistent without the causal mask (one
+    // block per SM), one tile per block with it (cuflash/_registry.py, sm90_forward_grid).
     // The (head, batch) pairs are cut into sections of p.section pairs (as many as have K and
     // V in half the L2 cache: the blocks running at once share them). Within a section the
     // tiles go row block by row block, every pair of the section at each, with the causal
