@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the Hopper forward's next step (branch issue17-next): correctness of
+# One device call for the Hopper forward's tuning: correctness of
 # the ping-pong kernel, then its tiles against the table's, cuDNN and FA2, kernel timing.
 #   bash bench/sm90_sweep.sh     (logs in $OUT, default ./gpu-logs; one file per step)
 set -uo pipefail

@@ -9,16 +9,21 @@
 //       m_i    = m_new
 //   and at the end  O_i = diag(l_i)^-1 O~_i,  L_i = m_i + log(l_i).
 // The inner loop is under "the FA2 inner loop, on wgmma" below: S_ij, wait, mask and
-// softmax, P~_ij V_j, wait. With OVERLAP (off in the tile table: measured slower, see
-// cuflash/_plan.py) the tensor cores compute S for block j + 1 while the softmax of block j
-// runs (FlashAttention-3's intra-warpgroup overlap).
+// softmax, P~_ij V_j. Three schedules of it (ForwardTileSm90): PINGPONG (on in the tile
+// table), the two consumers take turns on the tensor cores so that one's softmax runs under
+// the other's matmuls (FlashAttention-3's inter-warpgroup overlap); OVERLAP (off: measured
+// slower, PERFORMANCE.md), S for block j + 1 on the tensor cores while the softmax of block j
+// runs (FA3's intra-warpgroup overlap); neither, each consumer on its own.
 //
 // Work split (three warpgroups of 128 threads):
-//   warpgroup 0, the producer: one thread issues the TMA loads (Q_i once, then K_j and V_j
-//     into a ring of STAGES shared-memory slots) and gives its registers to the consumers;
+//   warpgroup 0, the producer: two threads issue the TMA loads (one Q_i and K_j, the other
+//     V_j, into a ring of STAGES shared-memory slots) and the warpgroup gives its registers
+//     to the consumers;
 //   warpgroups 1 and 2, the consumers: each owns 64 of the B_r = 128 rows of Q_i and runs the
 //     loop above on them; a consumer frees a slot (an mbarrier arrival per warp) once its
-//     P~V has read V_j (with OVERLAP: K_j after S_ij, V_j a step later).
+//     matmuls have read it (K_j after S_ij, V_j after P~V, which with PINGPONG or OVERLAP is
+//     known a step later).
+// A thread block takes tiles (row block, head, batch) in turn (see "the tiles" below).
 // Each slot has four mbarriers: K_j landed, V_j landed (separate, so that S = Q K^T starts
 // before V_j is in), K_j read, V_j read (separate, so that K_(j+2) can load while P~V still
 // reads V_j: with the overlap, step j issues S for block j + 1 before P~V of j - 1 is known
