@@ -446,14 +446,15 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
     if maps is None:
         return False
     props = _device_properties(cupy, device_id)
-    grid, section = _registry.sm90_forward_grid(
+    grid, section, per_unit = _registry.sm90_forward_grid(
         cfg, causal, seqlen_q, k.shape[1], nheads, batch, int(props["multiProcessorCount"]),
         int(props.get("l2CacheSize", 0)) or 50 << 20)
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + 2 consumer warpgroups): "
               f"B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.stages} K/V stages, head dim padded to "
-              f"{cfg.HD}, grid of {grid[0]} blocks over "
-              f"{-(-seqlen_q // cfg.B_r) * nheads * batch} tiles, {cfg.smem_bytes} bytes of "
+              f"{cfg.HD}, persistent grid of {grid[0]} blocks over "
+              f"{-(-seqlen_q // cfg.B_r) * nheads * batch} tiles ({per_unit} per unit), "
+              f"{cfg.smem_bytes} bytes of "
               f"shared memory")
     qs, ks, vs = qkv_strides
     tm_q, tm_k, tm_v = maps
@@ -463,7 +464,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
                     k_strides=ks, v_strides=vs, o_strides=out_strides, seqlen_q=seqlen_q,
                     seqlen_k=k.shape[1], d=d, group=nheads // k.shape[2],
                     softmax_scale=scale, scale_log2=scale * _LOG2E, nheads=nheads,
-                    batch=batch, section=section)
+                    batch=batch, section=section, per_unit=per_unit)
         kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, params)
     return True
 

@@ -77,20 +77,19 @@ def sm90_forward_plan(dtype_name: str, d: int, causal: bool, config=None) -> Pla
 
 def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, seqlen_k: int, nheads: int,
                       batch: int, sms: int, l2_bytes: int) -> tuple:
-    """(grid, section) of the Hopper forward; block x takes tiles x, x + grid, ...
-    (fa2_forward_sm90.cu), a tile being 128 query rows x head x batch entry. The tiles go
-    section by section, a section being as many (head, batch) pairs as have K and V in half
-    the L2 cache, every row block of a section before the next: the blocks running at once
-    read the same few K and V.
-    Without the causal mask the grid is persistent, one block per SM (tiles of equal
-    length: a block's next tile loads while its last one finishes). With it, one block per
-    tile, the longest first: the hardware gives the next tile to whichever SM frees up, which
-    balances tiles of different lengths; a static persistent split did not (d 256 n 16k
-    causal at 0.69x cuDNN against 1.0x, PERFORMANCE.md)."""
-    tiles = (seqlen_q + cfg.B_r - 1) // cfg.B_r * nheads * batch
+    """(grid, section, per_unit) of the Hopper forward: a persistent grid, at most one thread
+    block per SM, over units of work (fa2_forward_sm90.cu, "the tiles"). A unit is one tile
+    (128 query rows x head x batch entry), or, with the causal mask and more tiles than SMs,
+    two: row blocks T_r - 1 - r and r, of equal total length for every r, so that a static
+    split balances (one tile each left the blocks' shares 1.8x apart at d 256 n 16k). The
+    units go section by section, a section being as many (head, batch) pairs as have K and V
+    in half the L2 cache: the blocks running at once read the same few K and V."""
+    T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
+    per_unit = 2 if causal and T_r > 1 and T_r * nheads * batch > sms else 1
+    units = -(-T_r // per_unit) * nheads * batch
     kv_bytes = 2 * seqlen_k * cfg.HD * 2  # K and V of one (head, batch) pair
     section = max(1, min(nheads * batch, l2_bytes // 2 // max(kv_bytes, 1)))
-    return (max(1, tiles if causal else min(tiles, sms)), 1, 1), section
+    return (max(1, min(units, sms)), 1, 1), section, per_unit
 
 
 def _sm90_forward_plans(dt, HD, causal, smem, bulk) -> list:

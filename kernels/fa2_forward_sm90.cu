@@ -113,24 +113,40 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
 
     const int tid = threadIdx.x, warpgroup = tid / 128;
 
-    // ---- the tiles: (row block, head, batch) ------------------------------------------------
-    // Block x takes tiles x, x + gridDim.x, ...: persistent without the causal mask (one
-    // block per SM), one tile per block with it (cuflash/_registry.py, sm90_forward_grid).
+    // ---- the tiles: (row block, head, batch), persistent -------------------------------------
+    // At most one thread block per SM (cuflash/_registry.py, sm90_forward_grid). The work is
+    // cut into units of p.per_unit tiles: one tile, or with the causal mask and more tiles
+    // than blocks two, row blocks T_r - 1 - r and r of one (head, batch) pair, whose lengths
+    // add up to the same for every r; block x takes units x, x + gridDim.x, ..., so that
+    // the blocks' shares even out (a causal tile's length grows with its row block).
     // The (head, batch) pairs are cut into sections of p.section pairs (as many as have K and
-    // V in half the L2 cache: the blocks running at once share them). Within a section the
-    // tiles go row block by row block, every pair of the section at each, with the causal
-    // mask from the bottom row block up: the longest first.
+    // V in half the L2 cache: the blocks running at once share them); within a section the
+    // units go row by row, every pair of the section at each; causal, the longest first.
     const int T_r = (p.seqlen_q + B_r - 1) / B_r, pairs = p.nheads * p.batch;
-    const int tiles = T_r * pairs, section_tiles = T_r * p.section;
+    const int per = p.per_unit, unit_rows = (T_r + per - 1) / per;
+    const int units = unit_rows * pairs, section_units = unit_rows * p.section;
     struct Tile_ {
         int row_block, head, batch;
     };
-    auto tile_at = [&](int t) {
-        const int first = t / section_tiles * p.section;      // the section's first pair
-        const int width = min(p.section, pairs - first);      // its pairs (the last: fewer)
-        const int within = t - first * T_r;                    // tile within the section
-        const int r = within / width, x = first + within % width;
-        return Tile_{MaskT::CAUSAL ? T_r - 1 - r : r, x % p.nheads, x / p.nheads};
+    // This block's tile number c onwards: the next tile into tl and c past it; false at the
+    // end. (The producer threads and the consumers walk the same sequence.)
+    auto next_tile = [&](int& c, Tile_& tl) {
+        for (;; ++c) {
+            const int u = blockIdx.x + c / per * gridDim.x, half = c % per;
+            if (u >= units) return false;
+            const int first = u / section_units * p.section;  // the section's first pair
+            const int width = min(p.section, pairs - first);  // its pairs (the last: fewer)
+            const int within = u - first * unit_rows;         // unit within the section
+            const int rr = within / width, x = first + within % width;
+            int r = MaskT::CAUSAL ? T_r - 1 - rr : rr;         // (one tile per unit)
+            if (per == 2) {                                    // T_r - 1 - rr, then rr
+                if (half == 1 && rr == T_r - 1 - rr) continue;  // (the middle row: once)
+                r = half ? rr : T_r - 1 - rr;
+            }
+            tl = Tile_{r, x % p.nheads, x / p.nheads};
+            ++c;
+            return true;
+        }
     };
 
     if (tid == 0) {
@@ -156,9 +172,9 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         if (tid != 0 && tid != 32) return;
         const bool is_k = tid == 0;
         const TensorMap* map = is_k ? &p.tm_k : &p.tm_v;
-        int it = 0, count = 0;
-        for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++count) {
-            const Tile_ tl = tile_at(t);
+        int it = 0, c = 0;
+        Tile_ tl;
+        for (int count = 0; next_tile(c, tl); ++count) {
             const SeqInfo seq = seq_info(p, tl.batch);
             const MaskT mask(p, seq.seqlen_q, seq.seqlen_k);
             const ColumnBlocks cb = column_blocks<B_r, B_c>(mask, tl.row_block);
@@ -228,9 +244,9 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         if (lane == 0) mbar_arrive(bar);
     };
 
-    int it0 = 0, count = 0;  // slot rounds before this tile, tiles done
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++count) {
-        const Tile_ tl = tile_at(t);
+    int it0 = 0, c = 0;  // slot rounds before this tile, the walk's position
+    Tile_ tl;
+    for (int count = 0; next_tile(c, tl); ++count) {  // (count: tiles done)
         const int head = tl.head, nheads = p.nheads;
         const SeqInfo seq = seq_info(p, tl.batch);
         const int seqlen_q = seq.seqlen_q;

@@ -196,6 +196,7 @@ struct Sm90FwdParams {
     int nheads;                     // query heads (the persistent grid's tiles)
     int batch;                      // batch entries (the persistent grid's tiles)
     int section;                    // (head, batch) pairs per L2 section of the tile order
+    int per_unit;                   // tiles per unit of work: 1, or 2 (causal rows T_r-1-r and r)
 };
 static_assert(sizeof(Sm90FwdParams) == 640, "Sm90FwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
@@ -231,6 +232,7 @@ static_assert(__builtin_offsetof(Sm90FwdParams, scale_log2) == 564, "Sm90FwdPara
 static_assert(__builtin_offsetof(Sm90FwdParams, nheads) == 568, "Sm90FwdParams.nheads");
 static_assert(__builtin_offsetof(Sm90FwdParams, batch) == 572, "Sm90FwdParams.batch");
 static_assert(__builtin_offsetof(Sm90FwdParams, section) == 576, "Sm90FwdParams.section");
+static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 580, "Sm90FwdParams.per_unit");
 #endif
 
 }  // namespace cuflash

@@ -177,10 +177,9 @@ def test_sm90_forward_packs_tensor_maps_and_fields(fake, monkeypatch, causal, d)
     ((name, grid, block, smem, p),) = fake
     cfg = _plan.sm90_forward_config(d, causal)
     assert name == _plan.sm90_forward_kernel_name("bfloat16", cfg, causal)
-    # non-causal a persistent grid: min(tiles, SMs) blocks (the stand-in GPU has 132 SMs);
-    # causal one block per tile
-    tiles = -(-333 // 128) * 8 * 2
-    assert grid == (tiles if causal else min(tiles, 132), 1, 1)
+    # a persistent grid: min(tiles, SMs) blocks (the stand-in GPU has 132 SMs; 48 tiles, so
+    # one tile per unit of work, causal too)
+    assert grid == (min(-(-333 // 128) * 8 * 2, 132), 1, 1) and p["per_unit"] == 1
     assert block == 384 and smem == cfg.smem_bytes
     assert (p["nheads"], p["batch"]) == (8, 2)
     # L2 sections: as many (head, batch) pairs as have K and V (700 rows) in 25 MB: all 16
