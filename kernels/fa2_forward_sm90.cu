@@ -302,6 +302,9 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                 fence_accumulators(o[0]);
                 release(k_free((it0 + i) % STAGES));  // S_ij is done: K_j is read
                 if (i > 0) release(v_free((it0 + i - 1) % STAGES));  // and the last P~V
+                // The tile's last S is done: Q_i may be replaced, and the next tile's Q loads
+                // under this one's last softmax, P~V and epilogue.
+                if (i == n - 1) release(q_free);
                 softmax_step(s, cb.begin + i, pa);
             }
             if (n > 0) issue_pv(pa, it0 + n - 1);
@@ -354,7 +357,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         }
         wgmma_wait<0>();
         fence_accumulators(o[0]);
-        release(q_free);  // every S of this tile is done: Q_i may be replaced
+        if (!Tile::PINGPONG || n == 0) release(q_free);  // every S of the tile is done
         if constexpr (Tile::PINGPONG) {  // (ping-pong frees V of a step in the next one)
             if (n > 0) release(v_free((it0 + n - 1) % STAGES));
         }
