@@ -5,6 +5,7 @@ CPU compile check builds all of them)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -355,7 +356,7 @@ class Sm90ForwardConfig:
         return (f"cuflash::ForwardTileSm90<{self.HD}, {self.B_c}, {self.stages}, "
                 f"{str(self.overlap).lower()}, {str(self.pingpong).lower()}>")
 
-    @property
+    @functools.cached_property  # (read at every launch)
     def smem_bytes(self) -> int:
         # 1024 (alignment) + Q_i + stages x (K_j, V_j) + mbarriers (ForwardTileSm90::SMEM_BYTES)
         return 1024 + 2 * self.B_r * self.HD + 2 * self.stages * 2 * self.B_c * self.HD \

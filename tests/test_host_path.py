@@ -123,7 +123,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(_api, "_cupy", lambda: cp)
     monkeypatch.setattr(_loader, "get_kernel", lambda f, name, options=(): FakeKernel(name))
     monkeypatch.setattr(_loader, "Launcher", Launcher)
-    for cache in ("_forward_launches", "_backward_launches", "_fa1_launches"):
+    for cache in ("_forward_launches", "_backward_launches", "_fa1_launches", "_sm90_grids"):
         monkeypatch.setattr(_api, cache, {})
     monkeypatch.setattr(_tma, "_cache", {})
     monkeypatch.setattr(_api, "_properties", {})
