@@ -164,7 +164,9 @@ class Point:
             if isinstance(cfg, _plan.Sm90ForwardConfig):
                 label = (f"cuflash-sm90 {cfg.B_r}x{cfg.B_c} s{cfg.stages}"
                          + (" overlap" if cfg.overlap else "")
-                         + (" pingpong" if cfg.pingpong else ""))
+                         + (" pingpong" if cfg.pingpong else "")
+                         + (" lazy" if cfg.lazy else "")
+                         + (f" exp-poly/{cfg.poly}" if cfg.poly else ""))
             else:
                 label = ("cuflash" if cfg is None else
                          f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w kv{cfg.kv_stages}")

@@ -348,13 +348,16 @@ class Sm90ForwardConfig:
     stages: int
     overlap: bool = False  # S of block j + 1 on the tensor cores during the softmax of block j
     pingpong: bool = False  # the consumers take turns on the tensor cores
+    lazy: bool = False  # softmax: O~ rescaled only when m_i grows by more than 2^8 in P~
+    poly: int = 0  # softmax: the exponentials of every poly-th n8 tile on the FMA pipe
     B_r: int = 128
     threads: int = 384
 
     @property
     def tile_type(self) -> str:
         return (f"cuflash::ForwardTileSm90<{self.HD}, {self.B_c}, {self.stages}, "
-                f"{str(self.overlap).lower()}, {str(self.pingpong).lower()}>")
+                f"{str(self.overlap).lower()}, {str(self.pingpong).lower()}, "
+                f"{str(self.lazy).lower()}, {self.poly}>")
 
     @functools.cached_property  # (read at every launch)
     def smem_bytes(self) -> int:
@@ -462,14 +465,17 @@ def config_from_shape(which: str, d: int, shape: str, bulk: bool = False):
     """A tile shape written as in bench/bench.py --configs: forward "BrxBcxWarps[xKVstages]",
     backward "BrxBcxWarpsxWMsdpxWMdkvxWMdqxQstages[xDQbulk]" (the dQ mode defaults to two
     bulk tiles where `bulk`, i.e. sm_90+, else atomics), for head dim d; the Hopper forward
-    "hBcxStages[o|p]" (B_r 128; o: the intra-warpgroup overlap, p: ping-pong)."""
+    "hBcxStages[o|p][l][eN]" (B_r 128; o: the intra-warpgroup overlap, p: ping-pong; l: lazy
+    rescaling; eN: every N-th n8 tile's exponentials on the FMA pipe)."""
     if which == "fwd" and shape.startswith("h"):
-        m = re.fullmatch(r"h(\d+)x(\d+)([op]?)", shape)
+        m = re.fullmatch(r"h(\d+)x(\d+)([op]?)(l?)(?:e(\d))?", shape)
         if not m:
             raise ValueError(f"Hopper tile {shape!r}: hBcxStages, then o for the "
-                             "intra-warpgroup overlap or p for ping-pong")
+                             "intra-warpgroup overlap or p for ping-pong, l for lazy "
+                             "rescaling, eN for every N-th n8 tile's exp on the FMA pipe")
         return Sm90ForwardConfig(sm90_head_dim_bucket(d), int(m[1]), int(m[2]),
-                                 overlap=m[3] == "o", pingpong=m[3] == "p")
+                                 overlap=m[3] == "o", pingpong=m[3] == "p",
+                                 lazy=m[4] == "l", poly=int(m[5] or 0))
     n = [int(x) for x in shape.split("x")]
     if which == "fwd":
         return ForwardConfig(head_dim_bucket(d), *n)

@@ -368,6 +368,21 @@ __device__ __forceinline__ float exp2_approx(float x) {  // 2^x; 2^-inf = 0
     return y;
 }
 
+// 2^x without the MUFU unit (its ex2 is the softmax's bottleneck at small head dims): on the
+// FMA and integer pipes, for the x <= 0 of a softmax. x = j + f with j = round(x) (adding
+// 1.5 * 2^23 leaves round(x) in the low mantissa bits of t) and f in [-0.5, 0.5]; 2^f by a
+// degree-3 polynomial (relative error 7.7e-5, against P~'s rounding to bf16 / fp16 of 3.9e-3 /
+// 4.9e-4); 2^j added into the exponent bits (the shift drops t's other bits). 0 below
+// 2^-125 (and for -inf: a masked score); NaN stays NaN.
+__device__ __forceinline__ float exp2_poly(float x) {
+    const float t = x + 12582912.f;
+    const float f = x - (t - 12582912.f);
+    const float p = fmaf(fmaf(fmaf(0.05508868f, f, 0.24260405f), f, 0.6932762f), f,
+                         0.99992895f);
+    const float y = __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+    return x < -125.f ? 0.f : y;
+}
+
 // Reductions over the 4 lanes (a "quad") that hold one row of an mma accumulator.
 __device__ __forceinline__ float shfl_xor(float x, int lane_mask) {
     float y;

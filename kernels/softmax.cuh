@@ -23,13 +23,16 @@
 //   LAZY = true:  m_i moves only when rowmax(S_ij) passes it by more than 2^RESCALE_LOG2 in
 //                 P~, so most steps skip the rescaling of O~_i (O_i and L_i are the same for
 //                 any m_i that O~_i and l_i share; P~ stays <= 2^RESCALE_LOG2).
+//   POLY_EVERY = N > 0: the exponentials of every N-th n8 tile of keys on the FMA pipe
+//                 (exp2_poly, common.cuh) instead of the MUFU unit, which the rest keep.
 #pragma once
 
 #include "common.cuh"
 
 namespace cuflash {
 
-template <int MT, int NT_S, int NT_O, bool LEAN, bool LAZY, int RESCALE_LOG2 = 8>
+template <int MT, int NT_S, int NT_O, bool LEAN, bool LAZY, int RESCALE_LOG2 = 8,
+          int POLY_EVERY = 0>
 struct OnlineSoftmax {
     float m[MT][2];  // m_i, running row max of S (hooked, unscaled)
     float l[MT][2];  // l_i, this lane's part of the row sum (LEAN = false)
@@ -83,7 +86,10 @@ struct OnlineSoftmax {
 #pragma unroll
                     for (int e1 = 0; e1 < 2; ++e1) {
                         float& x = s[mt][nt][e2 * 2 + e1];
-                        x = exp2_approx(fmaf(x, exp2_scale, -m_scaled));
+                        const float arg = fmaf(x, exp2_scale, -m_scaled);
+                        x = POLY_EVERY > 0 && nt % POLY_EVERY == POLY_EVERY - 1
+                                ? exp2_poly(arg)
+                                : exp2_approx(arg);
                         if (!LEAN)
                             l[mt][e2] += x;
                         else
