@@ -372,15 +372,18 @@ __device__ __forceinline__ float exp2_approx(float x) {  // 2^x; 2^-inf = 0
 // FMA and integer pipes, for the x <= 0 of a softmax. x = j + f with j = round(x) (adding
 // 1.5 * 2^23 leaves round(x) in the low mantissa bits of t) and f in [-0.5, 0.5]; 2^f by a
 // degree-3 polynomial (relative error 7.7e-5, against P~'s rounding to bf16 / fp16 of 3.9e-3 /
-// 4.9e-4); 2^j added into the exponent bits (the shift drops t's other bits). 0 below
-// 2^-125 (and for -inf: a masked score); NaN stays NaN.
+// 4.9e-4); times 2^j, built in the exponent bits (the shift keeps round(x) of t's bits and
+// drops the rest). 0 below 2^-125 (and for -inf: a masked score). NaN stays NaN through the
+// multiply (adding j into p's bits instead would turn the GPU's NaN, 0x7fffffff, into
+// FLT_MAX).
 __device__ __forceinline__ float exp2_poly(float x) {
     const float t = x + 12582912.f;
     const float f = x - (t - 12582912.f);
     const float p = fmaf(fmaf(fmaf(0.05508868f, f, 0.24260405f), f, 0.6932762f), f,
                          0.99992895f);
-    const float y = __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-    return x < -125.f ? 0.f : y;
+    const float two_j = __uint_as_float((static_cast<unsigned>(__float_as_int(t)) << 23) +
+                                        0x3f800000u);
+    return x < -125.f ? 0.f : p * two_j;
 }
 
 // Reductions over the 4 lanes (a "quad") that hold one row of an mma accumulator.

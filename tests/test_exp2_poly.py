@@ -1,7 +1,7 @@
 """CPU: exp2_poly (kernels/common.cuh), the FMA-pipe 2^x that the Hopper forward's softmax can
 use for part of its exponentials, emulated step for step in float32 with the constants read
 from the header: relative error within the documented 7.7e-5 over a softmax's range, exact 0
-for masked scores (-inf) and below 2^-125, NaN kept."""
+for masked scores (-inf) and below 2^-125, NaN kept (the GPU's own NaN, 0x7fffffff, too)."""
 
 import re
 from pathlib import Path
@@ -21,8 +21,8 @@ def _exp2_poly(x: np.ndarray) -> np.ndarray:
         t = x + magic
         f = x - (t - magic)
         p = ((c3 * f + c2) * f + c1) * f + c0  # (fmaf rounds once; the bound has room)
-        bits = p.view(np.int32).astype(np.int64) + (t.view(np.int32).astype(np.int64) << 23)
-        y = (bits & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+        bits = ((t.view(np.uint32).astype(np.uint64) << 23) + 0x3F800000) & 0xFFFFFFFF
+        y = p * bits.astype(np.uint32).view(np.float32)
     return np.where(x < cutoff, np.float32(0), y)
 
 
@@ -34,5 +34,6 @@ def test_exp2_poly_matches_exp2():
 
 
 def test_exp2_poly_edges():
-    y = _exp2_poly(np.float32([-np.inf, -126.0, -200.0, np.nan]))
-    assert y[0] == 0 and y[1] == 0 and y[2] == 0 and np.isnan(y[3])
+    gpu_nan = np.uint32([0x7FFFFFFF]).view(np.float32)[0]  # what CUDA arithmetic makes
+    y = _exp2_poly(np.float32([-np.inf, -126.0, -200.0, np.nan, gpu_nan]))
+    assert y[0] == 0 and y[1] == 0 and y[2] == 0 and np.isnan(y[3]) and np.isnan(y[4])
