@@ -440,8 +440,8 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
         _registry.FA2_FORWARD_SM90,
         lambda: _registry.sm90_forward_plan(dtype_name, d, causal, config))
     cfg, kernel = plan.cfg, kernels["main"]
-    kernel.bind_thread()  # encoding a tensor map needs the context current on this thread
-    maps = _tma.qkv_maps(q, k, v, qkv_strides, dtype_name, cfg.B_r, cfg.B_c)
+    maps = _tma.qkv_maps(q, k, v, qkv_strides, dtype_name, cfg.B_r, cfg.B_c,
+                         bind=kernel.bind_thread)  # (encoding needs the context current)
     if maps is None:
         return False
     shape_key = (cfg, causal, seqlen_q, k.shape[1], nheads, batch, device_id)

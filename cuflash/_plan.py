@@ -242,7 +242,9 @@ def has_bulk_copy(compute_capability: int) -> bool:
 #   GPU classes: "sm90": 227 KB of shared memory per block (H100/H200; bulk copies: the
 #     backward adds dQ by bulk reductions); "sm80": every other sm_80+ GPU (163 KB on A100,
 #     99 KB on sm_86/89/120; dQ by atomics). The compile check builds each class's tiles as
-#     sm_90 and sm_80 code respectively (ARCH_SMEM).
+#     sm_90 and sm_80 code respectively (ARCH_SMEM). "sm90a": the Hopper forward's tiles
+#     (Sm90ForwardConfig; the H100/H200 run them where TMA can describe q, k and v, and the
+#     "sm90" row otherwise), built as sm_90a code.
 #   passes: "fwd"; "fwd_short", key sequences of at most SHORT_KEYS[HD] keys (non-causal,
 #     causal), where listed; "bwd".
 # Each tile is spill-free where it is planned (the compile check enforces it) and was the
@@ -261,6 +263,42 @@ def has_bulk_copy(compute_capability: int) -> bool:
 #     during the dQ product, which is what lets the bulk path fit without spilling. Then the
 #     atomics tiles, for GPUs whose shared memory fits no bulk tile.
 SM90_SMEM = 227 * 1024
+
+
+# The Hopper forward's tile (kernels/fa2_forward_sm90.cu, sm_90a; its rows of the table are
+# class "sm90a").
+SM90_HEAD_DIM_BUCKETS = (64, 128, 192, 256)  # the head dim padded to whole 64-column TMA boxes
+
+
+@dataclass(frozen=True)
+class Sm90ForwardConfig:
+    """Tile shape of the Hopper forward (ForwardTileSm90): B_r = 128 query rows (two consumer
+    warpgroups of 64), B_c keys per column block, `stages` K/V slots; 384 threads."""
+
+    HD: int
+    B_c: int
+    stages: int
+    overlap: bool = False  # S of block j + 1 on the tensor cores during the softmax of block j
+    pingpong: bool = False  # the consumers take turns on the tensor cores
+    lazy: bool = False  # softmax: O~ rescaled only when m_i grows by more than 2^8 in P~
+    poly: int = 0  # softmax: the exponentials of every poly-th n8 tile on the FMA pipe
+    B_r: int = 128
+    threads: int = 384
+
+    @property
+    def tile_type(self) -> str:
+        return (f"cuflash::ForwardTileSm90<{self.HD}, {self.B_c}, {self.stages}, "
+                f"{str(self.overlap).lower()}, {str(self.pingpong).lower()}, "
+                f"{str(self.lazy).lower()}, {self.poly}>")
+
+    @functools.cached_property  # (read at every launch)
+    def smem_bytes(self) -> int:
+        # 1024 (alignment) + Q_i + stages x (K_j, V_j) + mbarriers (ForwardTileSm90::SMEM_BYTES)
+        return 1024 + 2 * self.B_r * self.HD + 2 * self.stages * 2 * self.B_c * self.HD \
+            + 8 * (2 + 4 * self.stages)
+
+    def tile_asserts(self) -> list[str]:
+        return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}"]
 
 
 def _f(HD, *shape):
@@ -329,71 +367,35 @@ def _table() -> dict:
     for HD in HEAD_DIM_BUCKETS:
         put("sm80", "bwd", HD, None, atomics[HD])
         put("sm90", "bwd", HD, None, bulk[HD] + atomics[HD])
+
+    # the Hopper forward (class sm90a: H100/H200, kernels/fa2_forward_sm90.cu), one tile per
+    # bucket and mask, from the H200 sweep of 2026-11-30 (bf16, kernel timing,
+    # PERFORMANCE.md): ping-pong with the widest B_c that fits 227 KB and 232 registers won at
+    # d 128 (128x176: 615 against 579 TFLOP/s for 128x128 at n 16k) and d 256 (128x80: 714
+    # against 662 at n 8k); at d 64 128x176x3 (non-causal) and 128x192x2 (causal) by 1-4%.
+    # d 192 keeps 128x96 (not swept). The intra-warpgroup overlap (overlap=True) is off: the
+    # d 128 forward measured 15% slower with it (512 against 599 TFLOP/s at n 4096; its second
+    # S buffer also spills at d 192 and 256).
+    def _h(HD, B_c, stages):
+        return Sm90ForwardConfig(HD, B_c, stages, pingpong=True)
+
+    put("sm90a", "fwd", 64, False, [_h(64, 176, 3)])
+    put("sm90a", "fwd", 64, True, [_h(64, 192, 2)])
+    put("sm90a", "fwd", 128, None, [_h(128, 176, 2)])
+    put("sm90a", "fwd", 192, None, [_h(192, 96, 2)])
+    put("sm90a", "fwd", 256, None, [_h(256, 80, 2)])
     return t
 
 
 TILES = _table()
-
-# ---- the Hopper forward (kernels/fa2_forward_sm90.cu, sm_90a) ----------------------------------
-SM90_HEAD_DIM_BUCKETS = (64, 128, 192, 256)  # the head dim padded to whole 64-column TMA boxes
-
-
-@dataclass(frozen=True)
-class Sm90ForwardConfig:
-    """Tile shape of the Hopper forward (ForwardTileSm90): B_r = 128 query rows (two consumer
-    warpgroups of 64), B_c keys per column block, `stages` K/V slots; 384 threads."""
-
-    HD: int
-    B_c: int
-    stages: int
-    overlap: bool = False  # S of block j + 1 on the tensor cores during the softmax of block j
-    pingpong: bool = False  # the consumers take turns on the tensor cores
-    lazy: bool = False  # softmax: O~ rescaled only when m_i grows by more than 2^8 in P~
-    poly: int = 0  # softmax: the exponentials of every poly-th n8 tile on the FMA pipe
-    B_r: int = 128
-    threads: int = 384
-
-    @property
-    def tile_type(self) -> str:
-        return (f"cuflash::ForwardTileSm90<{self.HD}, {self.B_c}, {self.stages}, "
-                f"{str(self.overlap).lower()}, {str(self.pingpong).lower()}, "
-                f"{str(self.lazy).lower()}, {self.poly}>")
-
-    @functools.cached_property  # (read at every launch)
-    def smem_bytes(self) -> int:
-        # 1024 (alignment) + Q_i + stages x (K_j, V_j) + mbarriers (ForwardTileSm90::SMEM_BYTES)
-        return 1024 + 2 * self.B_r * self.HD + 2 * self.stages * 2 * self.B_c * self.HD \
-            + 8 * (2 + 4 * self.stages)
-
-    def tile_asserts(self) -> list[str]:
-        return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}"]
-
-
-# (HD bucket, causal) -> tile, from the H200 sweep of 2026-11-30 (bf16, kernel timing,
-# PERFORMANCE.md): ping-pong with the widest B_c that fits 227 KB and 232 registers won at
-# d 128 (128x176: 615 against 579 TFLOP/s for 128x128 at n 16k) and d 256 (128x80: 714
-# against 662 at n 8k); at d 64 128x176x3 (non-causal) and 128x192x2 (causal) by 1-4%.
-# d 192 keeps 128x96 (not swept). The intra-warpgroup overlap (overlap=True) is off: the d 128
-# forward measured 15% slower with it (512 against 599 TFLOP/s at n 4096; its second S buffer
-# also spills at d 192 and 256).
-SM90_FORWARD_TILES = {
-    (64, False): Sm90ForwardConfig(64, 176, 3, pingpong=True),
-    (64, True): Sm90ForwardConfig(64, 192, 2, pingpong=True),
-    (128, False): Sm90ForwardConfig(128, 176, 2, pingpong=True),
-    (128, True): Sm90ForwardConfig(128, 176, 2, pingpong=True),
-    (192, False): Sm90ForwardConfig(192, 96, 2, pingpong=True),
-    (192, True): Sm90ForwardConfig(192, 96, 2, pingpong=True),
-    (256, False): Sm90ForwardConfig(256, 80, 2, pingpong=True),
-    (256, True): Sm90ForwardConfig(256, 80, 2, pingpong=True),
-}
-
 
 def sm90_head_dim_bucket(d: int) -> int:
     return _bucket(d, SM90_HEAD_DIM_BUCKETS)
 
 
 def sm90_forward_config(d: int, causal: bool) -> Sm90ForwardConfig:
-    return SM90_FORWARD_TILES[(sm90_head_dim_bucket(d), bool(causal))]
+    """The Hopper forward's tile for head dim d (TILES, class "sm90a")."""
+    return TILES[("sm90a", "fwd", sm90_head_dim_bucket(d), bool(causal))][0]
 
 
 def sm90_forward_kernel_name(dtype_name: str, cfg: Sm90ForwardConfig, causal: bool) -> str:

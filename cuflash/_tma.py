@@ -57,16 +57,19 @@ def usable(ptr: int, shape: tuple, strides: tuple, itemsize: int) -> bool:
                for n, s in zip(shape[:3], strides))
 
 
-def qkv_maps(q, k, v, strides: tuple, dtype_name: str, B_r: int, B_c: int):
+def qkv_maps(q, k, v, strides: tuple, dtype_name: str, B_r: int, B_c: int, bind=None):
     """The tensor maps of q (boxes of B_r rows), k and v (B_c rows), with (batch, seq, head)
     element strides `strides` (three 3-tuples); None where TMA cannot describe one of them
-    (see `usable`). Cached by addresses, shapes, strides and boxes."""
+    (see `usable`). Cached by addresses, shapes, strides and boxes. `bind`: called before
+    encoding (the driver needs a context current on this thread), not on a cache hit."""
     key = (q.data.ptr, k.data.ptr, v.data.ptr, q.shape, k.shape, strides, dtype_name, B_r, B_c)
     found = _cache.get(key, False)
     if found is not False:
         return found
     maps = None
     if all(usable(x.data.ptr, x.shape, s, x.itemsize) for x, s in zip((q, k, v), strides)):
+        if bind is not None:
+            bind()
         maps = tuple(tensor_map(x.data.ptr, dtype_name, x.shape, s, rows)
                      for x, s, rows in zip((q, k, v), strides, (B_r, B_c, B_c)))
     if len(_cache) >= _CACHE_MAX:

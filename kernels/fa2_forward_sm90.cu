@@ -57,7 +57,7 @@
 namespace cuflash {
 
 template <int HD_, int B_c_, int STAGES_, bool OVERLAP_, bool PINGPONG_ = false,
-          bool LAZY_ = false, int POLY_EVERY_ = 0>
+          bool LAZY_RESCALE_ = false, int POLY_EVERY_ = 0>
 struct ForwardTileSm90 {
     static constexpr int HD = HD_, B_r = 128, B_c = B_c_, STAGES = STAGES_;
     // OVERLAP: S for block j + 1 is computed while the softmax of block j runs (a second S
@@ -67,9 +67,11 @@ struct ForwardTileSm90 {
     // under the other's matmuls (P~V of a block is issued with the next block's S).
     static constexpr bool PINGPONG = PINGPONG_;
     static_assert(!(OVERLAP && PINGPONG), "one schedule: OVERLAP or PINGPONG");
-    // The online softmax's options (softmax.cuh): LAZY rescaling of O~_i, and the exponentials
+    // The online softmax's options (softmax.cuh), named as in the portable ForwardTile:
+    // LAZY_RESCALE of O~_i (m_i moves only past 2^RESCALE_LOG2 in P~), and the exponentials
     // of every POLY_EVERY-th n8 tile of keys on the FMA pipe (0: all on MUFU).
-    static constexpr bool LAZY = LAZY_;
+    static constexpr bool LAZY_RESCALE = LAZY_RESCALE_;
+    static constexpr int RESCALE_LOG2 = 8;
     static constexpr int POLY_EVERY = POLY_EVERY_;
     static constexpr int NTHREADS = 384;     // producer + 2 consumer warpgroups
     static constexpr int GROUPS = HD / 64;   // 64-column groups of the head dim
@@ -262,7 +264,9 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         const int row_lane = row0 + 64 * wg + 16 * warp + lane / 4;  // + 8 e2: this lane's rows
 
         zero(o);
-        OnlineSoftmax<1, NT_S, NT_O, false, Tile::LAZY, 8, Tile::POLY_EVERY> softmax;
+        OnlineSoftmax<1, NT_S, NT_O, false, Tile::LAZY_RESCALE, Tile::RESCALE_LOG2,
+                      Tile::POLY_EVERY>
+            softmax;
         mbar_wait(q_full, count & 1);
 
         // Mask, online softmax and P~ for block j, S_ij in s (awaited): P~_ij packed into pa,
