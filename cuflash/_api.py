@@ -435,17 +435,19 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
     nothing, where TMA cannot describe q, k or v (the portable kernel runs instead)."""
     batch, seqlen_q, nheads, d = q.shape
     dtype_name = _dtype_name(q.dtype)
+    short = config is None and _plan.sm90_forward_short(d, causal, k.shape[1])
     plan, kernels, params = _prepared(
-        _forward_launches, ("sm90", device_id, q.dtype, d, causal, config),
+        _forward_launches, ("sm90", device_id, q.dtype, d, causal, config, short),
         _registry.FA2_FORWARD_SM90,
-        lambda: _registry.sm90_forward_plan(dtype_name, d, causal, config))
+        lambda: _registry.sm90_forward_plan(dtype_name, d, causal, config,
+                                            seqlen_k=1 if short else None))
     cfg, kernel = plan.cfg, kernels["main"]
     maps = _tma.qkv_maps(q, k, v, qkv_strides, dtype_name, cfg.B_r, cfg.B_c,
                          bind=kernel.bind_thread)  # (encoding needs the context current)
     if maps is None:
         return False
-    shape_key = (cfg, causal, seqlen_q, k.shape[1], nheads, batch, device_id)
-    grid, section, per_unit = _sm90_grids.get(shape_key) or _sm90_grid(cupy, *shape_key)
+    shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id)
+    grid, per_unit = _sm90_grids.get(shape_key) or _sm90_grid(cupy, *shape_key)
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + 2 consumer warpgroups): "
               f"B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.stages} K/V stages, head dim padded to "
@@ -461,7 +463,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
                     k_strides=ks, v_strides=vs, o_strides=out_strides, seqlen_q=seqlen_q,
                     seqlen_k=k.shape[1], d=d, group=nheads // k.shape[2],
                     softmax_scale=scale, scale_log2=scale * _LOG2E, nheads=nheads,
-                    batch=batch, section=section, per_unit=per_unit)
+                    batch=batch, per_unit=per_unit)
         kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, params)
     return True
 
@@ -469,16 +471,15 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
 _sm90_grids: dict = {}
 
 
-def _sm90_grid(cupy, cfg, causal, seqlen_q, seqlen_k, nheads, batch, device_id):
-    """(grid, section, per_unit) of a Hopper forward launch (_registry.sm90_forward_grid),
-    kept per shape: training loops launch the same few."""
+def _sm90_grid(cupy, cfg, causal, seqlen_q, nheads, batch, device_id):
+    """(grid, per_unit) of a Hopper forward launch (_registry.sm90_forward_grid), kept per
+    shape: training loops launch the same few."""
     props = _device_properties(cupy, device_id)
-    found = _registry.sm90_forward_grid(
-        cfg, causal, seqlen_q, seqlen_k, nheads, batch, int(props["multiProcessorCount"]),
-        int(props.get("l2CacheSize", 0)) or 50 << 20)
+    found = _registry.sm90_forward_grid(cfg, causal, seqlen_q, nheads, batch,
+                                        int(props["multiProcessorCount"]))
     if len(_sm90_grids) >= 1024:
         _sm90_grids.clear()
-    _sm90_grids[(cfg, causal, seqlen_q, seqlen_k, nheads, batch, device_id)] = found
+    _sm90_grids[(cfg, causal, seqlen_q, nheads, batch, device_id)] = found
     return found
 
 

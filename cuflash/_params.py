@@ -141,7 +141,6 @@ SM90_FWD = Struct("Sm90FwdParams", "Hopper forward kernel (fa2_forward_sm90.cu).
     *FWD.fields,
     Field("nheads", "i32", "query heads (the persistent grid's tiles)"),
     Field("batch", "i32", "batch entries (the persistent grid's tiles)"),
-    Field("section", "i32", "(head, batch) pairs per L2 section of the tile order"),
     Field("per_unit", "i32", "tiles per unit of work: 1, or 2 (causal rows T_r-1-r and r)"),
 ])
 

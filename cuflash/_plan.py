@@ -246,7 +246,7 @@ def has_bulk_copy(compute_capability: int) -> bool:
 #     (Sm90ForwardConfig; the H100/H200 run them where TMA can describe q, k and v, and the
 #     "sm90" row otherwise), built as sm_90a code.
 #   passes: "fwd"; "fwd_short", key sequences of at most SHORT_KEYS[HD] keys (non-causal,
-#     causal), where listed; "bwd".
+#     causal), where listed (class sm90a: SM90_SHORT_KEYS); "bwd".
 # Each tile is spill-free where it is planned (the compile check enforces it) and was the
 # fastest spill-free shape measured on the H200; PERFORMANCE.md has the measurements behind each
 # choice. Some notes on them:
@@ -376,14 +376,24 @@ def _table() -> dict:
     # d 192 keeps 128x96 (not swept). The intra-warpgroup overlap (overlap=True) is off: the
     # d 128 forward measured 15% slower with it (512 against 599 TFLOP/s at n 4096; its second
     # S buffer also spills at d 192 and 256).
-    def _h(HD, B_c, stages):
-        return Sm90ForwardConfig(HD, B_c, stages, pingpong=True)
+    # Third round (same sweep method, tiles in the pair-by-pair order): for short key
+    # sequences (SM90_SHORT_KEYS), where a tile visits few column blocks, B_c 128 (d 64, 128)
+    # and 64 (d 256) waste less on the masked and the last, partial block: causal d 128 +24%
+    # at n 512, +14% at 1024, +6% at 2048, +4% at 4096; causal d 64 (four stages) +16% / +13%
+    # / +4% / +1%; non-causal d 64 +8% at 512, +1-2% to 4096; d 128 +1% at 512, slower from
+    # 1024. Lazy rescaling of O~ (lazy=True) at d 128 and 256: d 128 n 16k +9% (non-causal),
+    # +5% (causal); d 64: within noise, left off.
+    def _h(HD, B_c, stages, lazy=False):
+        return Sm90ForwardConfig(HD, B_c, stages, pingpong=True, lazy=lazy)
 
     put("sm90a", "fwd", 64, False, [_h(64, 176, 3)])
     put("sm90a", "fwd", 64, True, [_h(64, 192, 2)])
-    put("sm90a", "fwd", 128, None, [_h(128, 176, 2)])
+    put("sm90a", "fwd", 128, None, [_h(128, 176, 2, lazy=True)])
     put("sm90a", "fwd", 192, None, [_h(192, 96, 2)])
-    put("sm90a", "fwd", 256, None, [_h(256, 80, 2)])
+    put("sm90a", "fwd", 256, None, [_h(256, 80, 2, lazy=True)])
+    put("sm90a", "fwd_short", 64, None, [_h(64, 128, 4)])
+    put("sm90a", "fwd_short", 128, None, [_h(128, 128, 2)])
+    put("sm90a", "fwd_short", 256, None, [_h(256, 64, 2)])
     return t
 
 
@@ -393,9 +403,30 @@ def sm90_head_dim_bucket(d: int) -> int:
     return _bucket(d, SM90_HEAD_DIM_BUCKETS)
 
 
-def sm90_forward_config(d: int, causal: bool) -> Sm90ForwardConfig:
-    """The Hopper forward's tile for head dim d (TILES, class "sm90a")."""
-    return TILES[("sm90a", "fwd", sm90_head_dim_bucket(d), bool(causal))][0]
+# The longest key sequence (non-causal, causal) that takes the Hopper forward's "fwd_short"
+# tile, per head-dim bucket (the third-round sweep: where the short tile measured faster).
+SM90_SHORT_KEYS = {64: (4096, 4096), 128: (512, 4096), 256: (512, 1024)}
+
+
+def sm90_forward_config(d: int, causal: bool,
+                        seqlen_k: int | None = None) -> Sm90ForwardConfig:
+    """The Hopper forward's tile for head dim d (TILES, class "sm90a"), for keys of length
+    `seqlen_k` where given (the short-sequence tile up to SM90_SHORT_KEYS)."""
+    short = sm90_forward_short(d, causal, seqlen_k)
+    return TILES[("sm90a", "fwd_short" if short else "fwd", sm90_head_dim_bucket(d),
+                  bool(causal))][0]
+
+
+def sm90_forward_short(d: int, causal: bool, seqlen_k: int | None) -> bool:
+    """Whether keys of length `seqlen_k` take head dim d's short-sequence Hopper tile."""
+    limits = SM90_SHORT_KEYS.get(sm90_head_dim_bucket(d))
+    return bool(limits) and seqlen_k is not None and seqlen_k <= limits[int(bool(causal))]
+
+
+def sm90_forward_configs(d: int, causal: bool) -> list[Sm90ForwardConfig]:
+    """Every tile sm90_forward_config can pick for head dim d: the usual one and, where the
+    bucket has one, the short-sequence one (distinct, in that order)."""
+    return list(dict.fromkeys(sm90_forward_config(d, causal, n) for n in (None, 1)))
 
 
 def sm90_forward_kernel_name(dtype_name: str, cfg: Sm90ForwardConfig, causal: bool) -> str:

@@ -68,28 +68,28 @@ FA2_FORWARD = Variant(
 
 # ---- FA2 forward on Hopper (sm_90a: TMA, wgmma, warp specialisation) --------------------------
 
-def sm90_forward_plan(dtype_name: str, d: int, causal: bool, config=None) -> Plan:
-    """The Hopper forward's plan (config: an explicit Sm90ForwardConfig, the bench's)."""
-    cfg = config or _plan.sm90_forward_config(d, causal)
+def sm90_forward_plan(dtype_name: str, d: int, causal: bool, config=None,
+                      seqlen_k: int | None = None) -> Plan:
+    """The Hopper forward's plan (config: an explicit Sm90ForwardConfig, the bench's; else the
+    table's tile for keys of length seqlen_k)."""
+    cfg = config or _plan.sm90_forward_config(d, causal, seqlen_k)
     return Plan(cfg, {"main": _plan.sm90_forward_kernel_name(dtype_name, cfg, causal)},
                 {"main": cfg.smem_bytes})
 
 
-def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, seqlen_k: int, nheads: int,
-                      batch: int, sms: int, l2_bytes: int) -> tuple:
-    """(grid, section, per_unit) of the Hopper forward: a persistent grid, at most one thread
+def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, nheads: int, batch: int,
+                      sms: int) -> tuple:
+    """(grid, per_unit) of the Hopper forward: a persistent grid, at most one thread
     block per SM, over units of work (fa2_forward_sm90.cu, "the tiles"). A unit is one tile
     (128 query rows x head x batch entry), or, with the causal mask and more tiles than SMs,
     two: row blocks T_r - 1 - r and r, of equal total length for every r, so that a static
     split balances (one tile each left the blocks' shares 1.8x apart at d 256 n 16k). The
-    units go section by section, a section being as many (head, batch) pairs as have K and V
-    in half the L2 cache: the blocks running at once read the same few K and V."""
+    kernel walks the units (head, batch) pair by pair, a pair's row blocks one after the
+    other, so that the blocks running at once read the same few K and V."""
     T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
     per_unit = 2 if causal and T_r > 1 and T_r * nheads * batch > sms else 1
     units = -(-T_r // per_unit) * nheads * batch
-    kv_bytes = 2 * seqlen_k * cfg.HD * 2  # K and V of one (head, batch) pair
-    section = max(1, min(nheads * batch, l2_bytes // 2 // max(kv_bytes, 1)))
-    return (max(1, min(units, sms)), 1, 1), section, per_unit
+    return (max(1, min(units, sms)), 1, 1), per_unit
 
 
 def _sm90_forward_plans(dt, HD, causal, smem, bulk) -> list:
@@ -97,7 +97,8 @@ def _sm90_forward_plans(dt, HD, causal, smem, bulk) -> list:
     # is its largest head dim
     if HD not in _plan.SM90_HEAD_DIM_BUCKETS:
         return []
-    return [sm90_forward_plan(dt, HD, causal)]
+    return [sm90_forward_plan(dt, HD, causal, cfg)
+            for cfg in _plan.sm90_forward_configs(HD, causal)]
 
 
 FA2_FORWARD_SM90 = Variant(

@@ -126,12 +126,11 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     // than blocks two, row blocks T_r - 1 - r and r of one (head, batch) pair, whose lengths
     // add up to the same for every r; block x takes units x, x + gridDim.x, ..., so that
     // the blocks' shares even out (a causal tile's length grows with its row block).
-    // The (head, batch) pairs are cut into sections of p.section pairs (as many as have K and
-    // V in half the L2 cache: the blocks running at once share them); within a section the
-    // units go row by row, every pair of the section at each; causal, the longest first.
+    // The units go (head, batch) pair by pair, a pair's row blocks one after the other, so
+    // that the blocks running at once work on few pairs and read the same K and V at about
+    // the same time (from L2: each is read from HBM about once); causal, the longest first.
     const int T_r = (p.seqlen_q + B_r - 1) / B_r, pairs = p.nheads * p.batch;
-    const int per = p.per_unit, unit_rows = (T_r + per - 1) / per;
-    const int units = unit_rows * pairs, section_units = unit_rows * p.section;
+    const int per = p.per_unit, unit_rows = (T_r + per - 1) / per, units = unit_rows * pairs;
     struct Tile_ {
         int row_block, head, batch;
     };
@@ -141,10 +140,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         for (;; ++c) {
             const int u = blockIdx.x + c / per * gridDim.x, half = c % per;
             if (u >= units) return false;
-            const int first = u / section_units * p.section;  // the section's first pair
-            const int width = min(p.section, pairs - first);  // its pairs (the last: fewer)
-            const int within = u - first * unit_rows;         // unit within the section
-            const int rr = within / width, x = first + within % width;
+            const int x = u / unit_rows, rr = u % unit_rows;  // the pair, its unit
             int r = MaskT::CAUSAL ? T_r - 1 - rr : rr;         // (one tile per unit)
             if (per == 2) {                                    // T_r - 1 - rr, then rr
                 if (half == 1 && rr == T_r - 1 - rr) continue;  // (the middle row: once)

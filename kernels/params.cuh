@@ -195,7 +195,6 @@ struct Sm90FwdParams {
     float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
     int nheads;                     // query heads (the persistent grid's tiles)
     int batch;                      // batch entries (the persistent grid's tiles)
-    int section;                    // (head, batch) pairs per L2 section of the tile order
     int per_unit;                   // tiles per unit of work: 1, or 2 (causal rows T_r-1-r and r)
 };
 static_assert(sizeof(Sm90FwdParams) == 640, "Sm90FwdParams: size differs from cuflash/_params.py");
@@ -231,8 +230,7 @@ static_assert(__builtin_offsetof(Sm90FwdParams, softmax_scale) == 560, "Sm90FwdP
 static_assert(__builtin_offsetof(Sm90FwdParams, scale_log2) == 564, "Sm90FwdParams.scale_log2");
 static_assert(__builtin_offsetof(Sm90FwdParams, nheads) == 568, "Sm90FwdParams.nheads");
 static_assert(__builtin_offsetof(Sm90FwdParams, batch) == 572, "Sm90FwdParams.batch");
-static_assert(__builtin_offsetof(Sm90FwdParams, section) == 576, "Sm90FwdParams.section");
-static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 580, "Sm90FwdParams.per_unit");
+static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 576, "Sm90FwdParams.per_unit");
 #endif
 
 }  // namespace cuflash

@@ -161,6 +161,16 @@ def test_row_maxima_rising_across_key_blocks(dt, causal, family):
 
 
 @pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
+def test_long_key_sequences(dt, causal, d, family):
+    """Keys past every short-sequence limit (the Hopper family's SM90_SHORT_KEYS, the portable
+    SHORT_KEYS), so that each bucket's usual tile runs too; odd lengths, GQA."""
+    q, k, v = make_qkv((1, 259, 4, d), (1, 4099, 2, d), DTYPES[dt], False)
+    run_and_check(q, k, v, causal)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
 def test_fully_masked_rows(dt, family):
     """seqlen_q > seqlen_k with a bottom-right causal mask: the first rows see no key."""
     q, k, v = make_qkv((2, 300, 4, 64), (2, 100, 4, 64), DTYPES[dt], False)

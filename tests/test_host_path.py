@@ -175,15 +175,13 @@ def test_sm90_forward_packs_tensor_maps_and_fields(fake, monkeypatch, causal, d)
     q, k, v = _qkv(2, 333, 700, 8, 2, d, BF16)
     out, lse = _api.forward(q, k, v, causal=causal)
     ((name, grid, block, smem, p),) = fake
-    cfg = _plan.sm90_forward_config(d, causal)
+    cfg = _plan.sm90_forward_config(d, causal, 700)
     assert name == _plan.sm90_forward_kernel_name("bfloat16", cfg, causal)
     # a persistent grid: min(tiles, SMs) blocks (the stand-in GPU has 132 SMs; 48 tiles, so
     # one tile per unit of work, causal too)
     assert grid == (min(-(-333 // 128) * 8 * 2, 132), 1, 1) and p["per_unit"] == 1
     assert block == 384 and smem == cfg.smem_bytes
     assert (p["nheads"], p["batch"]) == (8, 2)
-    # L2 sections: as many (head, batch) pairs as have K and V (700 rows) in 25 MB: all 16
-    assert p["section"] == min(16, (25 << 20) // (2 * 700 * cfg.HD * 2))
     for field, x, rows in (("tm_q", q, 128), ("tm_k", k, cfg.B_c), ("tm_v", v, cfg.B_c)):
         b, s, h, _ = x.shape
         words = struct.unpack_from("<15q", p[field])

@@ -159,9 +159,11 @@ def test_forward_shapes_by_key_length_and_gpu_class():
         for smem in smems:
             for HD in _plan.HEAD_DIM_BUCKETS:
                 for causal in (False, True):
-                    if arch == "90a":  # the Hopper family: one tile per padded head dim
-                        cfg = _plan.sm90_forward_config(HD, causal)
-                        assert _plan.sm90_forward_kernel_name("bfloat16", cfg, causal) in names
+                    if arch == "90a":  # the Hopper family: its tiles per padded head dim
+                        for n in (1, 512, 4096, None):
+                            cfg = _plan.sm90_forward_config(HD, causal, n)
+                            assert _plan.sm90_forward_kernel_name("bfloat16", cfg,
+                                                                  causal) in names
                         continue
                     for n in (1, 512, 4096, None):
                         cfg = _plan.forward_config(HD, causal, smem, n)
@@ -175,13 +177,12 @@ def test_each_architecture_class_builds_the_shapes_planned_for_it():
     for arch, smems in _plan.ARCH_SMEM.items():
         names = {n for _, n in _plan.all_specialisations(arch)}
         assert names <= union
-        if arch == "90a":  # the Hopper forward family alone, one tile per padded head dim
+        if arch == "90a":  # the Hopper forward family alone, its tiles per padded head dim
+            tiles = {(cfg, c) for HD in _plan.HEAD_DIM_BUCKETS for c in (False, True)
+                     for cfg in _plan.sm90_forward_configs(HD, c)}
             assert names == {_plan.sm90_forward_kernel_name(dt, cfg, c)
-                             for dt in _plan.ELEMENT_TAGS for c in (False, True)
-                             for cfg in {_plan.sm90_forward_config(HD, c)
-                                         for HD in _plan.HEAD_DIM_BUCKETS}}
-            assert all(_plan.sm90_forward_config(HD, c).smem_bytes <= smems[0]
-                       for HD in _plan.HEAD_DIM_BUCKETS for c in (False, True))
+                             for dt in _plan.ELEMENT_TAGS for cfg, c in tiles}
+            assert all(cfg.smem_bytes <= smems[0] for cfg, _ in tiles)
             continue
         bulk = _plan.has_bulk_copy(int(arch))  # the dQ bulk reduction: sm_90 only
         for smem in smems:
