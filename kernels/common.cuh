@@ -401,6 +401,26 @@ __device__ __forceinline__ float quad_sum(float x) {
     x += shfl_xor(x, 1);
     return x + shfl_xor(x, 2);
 }
+// The 4 x 4 transpose of 32-bit values across a quad: lane t holds a[k] = M[t][k] on entry
+// and M[k][t] on return (two exchange stages, with lanes t ^ 2 and then t ^ 1, each swapping
+// the off-diagonal 2 x 2 blocks). With a[k] the packed pair of n8 tile 4 g + k of an mma
+// accumulator row (columns 8 (4 g + k) + 2 t, + 1), lane t ends with columns 8 (4 g + t) to
+// 8 (4 g + t) + 7: one 16-byte store instead of four 4-byte ones. Every lane must call it.
+__device__ __forceinline__ void quad_transpose(unsigned (&a)[4], int lane) {
+    const bool b = lane & 2, c = lane & 1;
+    unsigned r0 = __shfl_xor_sync(0xffffffffu, b ? a[0] : a[2], 2);
+    unsigned r1 = __shfl_xor_sync(0xffffffffu, b ? a[1] : a[3], 2);
+    a[0] = b ? r0 : a[0];
+    a[1] = b ? r1 : a[1];
+    a[2] = b ? a[2] : r0;
+    a[3] = b ? a[3] : r1;
+    r0 = __shfl_xor_sync(0xffffffffu, c ? a[0] : a[1], 1);
+    r1 = __shfl_xor_sync(0xffffffffu, c ? a[2] : a[3], 1);
+    a[0] = c ? r0 : a[0];
+    a[2] = c ? r1 : a[2];
+    a[1] = c ? a[1] : r0;
+    a[3] = c ? a[3] : r1;
+}
 
 // The sm_90-only helpers below trap on older GPUs instead of compiling to nothing; the kernels
 // reach them only on paths their templates select for sm_90 (fa2_backward.cu static_asserts
