@@ -419,8 +419,14 @@ def sm90_forward_config(d: int, causal: bool,
 
 def sm90_forward_short(d: int, causal: bool, seqlen_k: int | None) -> bool:
     """Whether keys of length `seqlen_k` take head dim d's short-sequence Hopper tile."""
-    limits = SM90_SHORT_KEYS.get(sm90_head_dim_bucket(d))
-    return bool(limits) and seqlen_k is not None and seqlen_k <= limits[int(bool(causal))]
+    return seqlen_k is not None and seqlen_k <= SM90_SHORT_LIMIT.get((d, bool(causal)), -1)
+
+
+# The longest key sequence that takes the short tile, per (head dim, causal), for every head
+# dim the API takes (one dictionary lookup per call on the host path).
+SM90_SHORT_LIMIT = {(d, c): SM90_SHORT_KEYS[HD][int(c)]
+                    for d in range(8, 257, 8) for c in (False, True)
+                    if (HD := sm90_head_dim_bucket(d)) in SM90_SHORT_KEYS}
 
 
 def sm90_forward_configs(d: int, causal: bool) -> list[Sm90ForwardConfig]:
