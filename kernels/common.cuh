@@ -422,6 +422,18 @@ __device__ __forceinline__ void quad_transpose(unsigned (&a)[4], int lane) {
     a[3] = c ? a[3] : r1;
 }
 
+// The A fragment of k-step kk of a product P V whose P sits in accumulators (the mma.sync
+// m16n8 layout, which the wgmma accumulator shares): the accumulators of n8 tiles 2 kk and
+// 2 kk + 1, packed to 16-bit pairs.
+template <typename T, int NT>
+__device__ __forceinline__ void pack_a_fragment(unsigned (&a)[4], const float (&s)[NT][4],
+                                                int kk) {
+    a[0] = T::pack(s[2 * kk][0], s[2 * kk][1]);
+    a[1] = T::pack(s[2 * kk][2], s[2 * kk][3]);
+    a[2] = T::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[3] = T::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
 // The sm_90-only helpers below trap on older GPUs instead of compiling to nothing; the kernels
 // reach them only on paths their templates select for sm_90 (fa2_backward.cu static_asserts
 // DQ_BULK == 0 below sm_90).

@@ -152,12 +152,7 @@ fa1_forward(const FwdParams p) {
             zero(pv_tiles);
             warp_mma<T, B_c / 16, false>(  // k step kk = keys 16 kk
                 pv_tiles,
-                [&](unsigned (&p)[4], int, int kk, int) {
-                    p[0] = T::pack(s[2 * kk][0], s[2 * kk][1]);
-                    p[1] = T::pack(s[2 * kk][2], s[2 * kk][3]);
-                    p[2] = T::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                    p[3] = T::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-                },
+                [&](unsigned (&p)[4], int, int kk, int) { pack_a_fragment<T>(p, s, kk); },
                 [&](unsigned (&b)[4], int nd2, int kk, int) {
                     ldmatrix_x4_trans(b, readV.at(kk * 16, nd2 * 2));
                 });

@@ -321,10 +321,7 @@ fa2_forward(const FwdParams p) {
                 // V_j fragment loads ahead of the MMAs (kept as measured; its effect on
                 // registers was not isolated).
                 if (MT > 1 && kk > 0 && mt == 0) __syncwarp();
-                p[0] = T::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                p[1] = T::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                p[2] = T::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                p[3] = T::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                pack_a_fragment<T>(p, s[mt], kk);
             },
             [&](unsigned (&b)[4], int nd2, int kk, int) {  // head-dim tiles 2 nd2, 2 nd2 + 1
                 ldmatrix_x4_trans(b, readV.at(kk * 16, nd2 * 2));

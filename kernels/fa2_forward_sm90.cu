@@ -277,12 +277,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             // Online softmax (softmax.cuh): P~_ij in place of S_ij, l_i and O~_i rescaled.
             softmax.update(s, o, score.exp2_scale, lane);
 #pragma unroll
-            for (int kk = 0; kk < B_c / 16; ++kk) {
-                pa[kk][0] = T::pack(s[0][2 * kk][0], s[0][2 * kk][1]);
-                pa[kk][1] = T::pack(s[0][2 * kk][2], s[0][2 * kk][3]);
-                pa[kk][2] = T::pack(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-                pa[kk][3] = T::pack(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
-            }
+            for (int kk = 0; kk < B_c / 16; ++kk) pack_a_fragment<T>(pa[kk], s[0], kk);
         };
 
         // ---- the FA2 inner loop, on wgmma: one step per column block j --------------------
