@@ -447,14 +447,13 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
     if maps is None:
         return False
     shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id)
-    grid, per_unit = _sm90_grids.get(shape_key) or _sm90_grid(cupy, *shape_key)
+    grid, per_unit = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + 2 consumer warpgroups): "
               f"B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.stages} K/V stages, head dim padded to "
               f"{cfg.HD}, persistent grid of {grid[0]} blocks over "
               f"{-(-seqlen_q // cfg.B_r) * nheads * batch} tiles ({per_unit} per unit), "
-              f"{cfg.smem_bytes} bytes of "
-              f"shared memory")
+              f"{cfg.smem_bytes} bytes of shared memory")
     qs, ks, vs = qkv_strides
     tm_q, tm_k, tm_v = maps
     with params.lock:
@@ -471,15 +470,16 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
 _sm90_grids: dict = {}
 
 
-def _sm90_grid(cupy, cfg, causal, seqlen_q, nheads, batch, device_id):
-    """(grid, per_unit) of a Hopper forward launch (_registry.sm90_forward_grid), kept per
-    shape: training loops launch the same few."""
-    props = _device_properties(cupy, device_id)
-    found = _registry.sm90_forward_grid(cfg, causal, seqlen_q, nheads, batch,
-                                        int(props["multiProcessorCount"]))
+def _sm90_grid(cupy, shape_key: tuple):
+    """(grid, per_unit) of a Hopper forward launch (_registry.sm90_forward_grid) for
+    shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id), kept per shape: training
+    loops launch the same few."""
+    *shape, device_id = shape_key
+    found = _registry.sm90_forward_grid(
+        *shape, int(_device_properties(cupy, device_id)["multiProcessorCount"]))
     if len(_sm90_grids) >= 1024:
         _sm90_grids.clear()
-    _sm90_grids[(cfg, causal, seqlen_q, nheads, batch, device_id)] = found
+    _sm90_grids[shape_key] = found
     return found
 
 

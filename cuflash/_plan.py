@@ -399,6 +399,7 @@ def _table() -> dict:
 
 TILES = _table()
 
+
 def sm90_head_dim_bucket(d: int) -> int:
     return _bucket(d, SM90_HEAD_DIM_BUCKETS)
 
