@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One device call for the Hopper forward's tuning: correctness of the forward (both
-# families), then softmax options of the table's tiles against cuDNN, kernel timing:
-# l = lazy rescaling of O~, eN = every N-th n8 tile's exponentials on the FMA pipe
-# (bench notation hBcxStages[o|p][l][eN], cuflash/_plan.py config_from_shape).
-#   bash bench/sm90_sweep.sh     (logs in $OUT, default ./gpu-logs; one file per step)
+# One device call for the Hopper forward's tuning (issue 17, round 4): the forward's
+# correctness (both families), then three consumer warpgroups (B_r 192, bench notation "c3")
+# against the table's tiles and cuDNN, kernel timing, bf16, the standard grid's shapes:
+# d 64 at every length (softmax-bound: a third warpgroup puts two softmaxes under each
+# one's matmuls), d 128 at n 512-2048 (B_c 64 / 96, what fits 152 registers).
+#   bash bench/sm90_sweep.sh     (logs in $OUT, default ./gpu-logs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
@@ -12,23 +13,20 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n 6"
 {
   timeout 90 python3 bench/sm90_check.py
-  timeout 240 python3 -m pytest -q $xd -p no:cacheprovider tests/test_forward_gpu.py \
-    tests/test_fuzz_gpu.py tests/test_hardening_gpu.py -x 2>&1 | tail -5
+  timeout 240 python3 -m pytest -q $xd -p no:cacheprovider tests/test_forward_gpu.py -x 2>&1 | tail -5
 } > "$OUT/sm90_correct.log" 2>&1
+point() {  # head dim, seqlen, causal flag, configs
+  timeout 90 python3 bench/bench.py --pass fwd --dtype bf16 --headdim "$1" --heads $((2048 / $1)) \
+    --batch $((16384 / $2)) --seqlen "$2" $3 --providers cuflash,torch-cudnn --reps 20 --configs "$4"
+}
 {
-  for c in "" "--causal"; do
-    timeout 60 python3 bench/bench.py --pass fwd --dtype bf16 --headdim 64 --heads 32 \
-      --batch 2 --seqlen 8192 $c --providers cuflash,torch-cudnn --reps 20 \
-      --configs h176x3p,h176x3pl,h176x3pe3,h176x3pe2,h176x3ple3
-    timeout 60 python3 bench/bench.py --pass fwd --dtype fp16 --headdim 64 --heads 32 \
-      --batch 2 --seqlen 8192 $c --providers cuflash,torch-cudnn --reps 20 \
-      --configs h176x3p,h176x3pe3,h176x3pe2
-    timeout 60 python3 bench/bench.py --pass fwd --dtype bf16 --headdim 128 --heads 16 \
-      --batch 4 --seqlen 4096 $c --providers cuflash,torch-cudnn --reps 20 \
-      --configs h176x2p,h176x2pl,h176x2pe4,h176x2ple4
-    timeout 60 python3 bench/bench.py --pass fwd --dtype bf16 --headdim 256 --heads 8 \
-      --batch 2 --seqlen 8192 $c --providers cuflash,torch-cudnn --reps 20 \
-      --configs h80x2p,h80x2pl
+  for n in 512 1024 2048 4096 16384; do
+    point 64 $n "" h176x3p,h128x4p,h128x3pc3,h128x4pc3,h112x4pc3,h176x3pc3
+    point 64 $n --causal h192x2p,h128x4p,h128x3pc3,h128x4pc3,h112x4pc3
+  done
+  for n in 512 1024 2048; do
+    point 128 $n "" h128x2p,h176x2pl,h64x3pc3,h96x2pc3
+    point 128 $n --causal h128x2p,h64x3pc3,h96x2pc3
   done
 } > "$OUT/sm90_sweep.log" 2>&1
 tail -3 "$OUT/sm90_correct.log"

@@ -449,7 +449,8 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
     shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id)
     grid, per_unit = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
     if verbose:
-        print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + 2 consumer warpgroups): "
+        print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + {cfg.consumers} consumer "
+              f"warpgroups): "
               f"B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.stages} K/V stages, head dim padded to "
               f"{cfg.HD}, persistent grid of {grid[0]} blocks over "
               f"{-(-seqlen_q // cfg.B_r) * nheads * batch} tiles ({per_unit} per unit), "

@@ -272,8 +272,9 @@ SM90_HEAD_DIM_BUCKETS = (64, 128, 192, 256)  # the head dim padded to whole 64-c
 
 @dataclass(frozen=True)
 class Sm90ForwardConfig:
-    """Tile shape of the Hopper forward (ForwardTileSm90): B_r = 128 query rows (two consumer
-    warpgroups of 64), B_c keys per column block, `stages` K/V slots; 384 threads."""
+    """Tile shape of the Hopper forward (ForwardTileSm90): B_r = 64 x `consumers` query rows
+    (consumer warpgroups of 64 rows: two, or three at small head dims), B_c keys per column
+    block, `stages` K/V slots; 128 threads per warpgroup, with the producer's."""
 
     HD: int
     B_c: int
@@ -282,14 +283,21 @@ class Sm90ForwardConfig:
     pingpong: bool = False  # the consumers take turns on the tensor cores
     lazy: bool = False  # softmax: O~ rescaled only when m_i grows by more than 2^8 in P~
     poly: int = 0  # softmax: the exponentials of every poly-th n8 tile on the FMA pipe
-    B_r: int = 128
-    threads: int = 384
+    consumers: int = 2  # consumer warpgroups
+
+    @property
+    def B_r(self) -> int:
+        return 64 * self.consumers
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.consumers)
 
     @property
     def tile_type(self) -> str:
         return (f"cuflash::ForwardTileSm90<{self.HD}, {self.B_c}, {self.stages}, "
                 f"{str(self.overlap).lower()}, {str(self.pingpong).lower()}, "
-                f"{str(self.lazy).lower()}, {self.poly}>")
+                f"{str(self.lazy).lower()}, {self.poly}, {self.consumers}>")
 
     @functools.cached_property  # (read at every launch)
     def smem_bytes(self) -> int:
@@ -505,17 +513,20 @@ def config_from_shape(which: str, d: int, shape: str, bulk: bool = False):
     """A tile shape written as in bench/bench.py --configs: forward "BrxBcxWarps[xKVstages]",
     backward "BrxBcxWarpsxWMsdpxWMdkvxWMdqxQstages[xDQbulk]" (the dQ mode defaults to two
     bulk tiles where `bulk`, i.e. sm_90+, else atomics), for head dim d; the Hopper forward
-    "hBcxStages[o|p][l][eN]" (B_r 128; o: the intra-warpgroup overlap, p: ping-pong; l: lazy
-    rescaling; eN: every N-th n8 tile's exponentials on the FMA pipe)."""
+    "hBcxStages[o|p][l][eN][cK]" (o: the intra-warpgroup overlap, p: ping-pong; l: lazy
+    rescaling; eN: every N-th n8 tile's exponentials on the FMA pipe; cK: K consumer
+    warpgroups, B_r = 64 K, default 2)."""
     if which == "fwd" and shape.startswith("h"):
-        m = re.fullmatch(r"h(\d+)x(\d+)([op]?)(l?)(?:e(\d))?", shape)
+        m = re.fullmatch(r"h(\d+)x(\d+)([op]?)(l?)(?:e(\d))?(?:c([23]))?", shape)
         if not m:
             raise ValueError(f"Hopper tile {shape!r}: hBcxStages, then o for the "
                              "intra-warpgroup overlap or p for ping-pong, l for lazy "
-                             "rescaling, eN for every N-th n8 tile's exp on the FMA pipe")
+                             "rescaling, eN for every N-th n8 tile's exp on the FMA pipe, "
+                             "c2 or c3 consumer warpgroups")
         return Sm90ForwardConfig(sm90_head_dim_bucket(d), int(m[1]), int(m[2]),
                                  overlap=m[3] == "o", pingpong=m[3] == "p",
-                                 lazy=m[4] == "l", poly=int(m[5] or 0))
+                                 lazy=m[4] == "l", poly=int(m[5] or 0),
+                                 consumers=int(m[6] or 2))
     n = [int(x) for x in shape.split("x")]
     if which == "fwd":
         return ForwardConfig(head_dim_bucket(d), *n)

@@ -10,17 +10,18 @@
 //   and at the end  O_i = diag(l_i)^-1 O~_i,  L_i = m_i + log(l_i).
 // The inner loop is under "the FA2 inner loop, on wgmma" below: S_ij, wait, mask and
 // softmax, P~_ij V_j. Three schedules of it (ForwardTileSm90): PINGPONG (on in the tile
-// table), the two consumers take turns on the tensor cores so that one's softmax runs under
-// the other's matmuls (FlashAttention-3's inter-warpgroup overlap); OVERLAP (off: measured
+// table), the consumers take turns on the tensor cores so that one's softmax runs under the
+// others' matmuls (FlashAttention-3's inter-warpgroup overlap); OVERLAP (off: measured
 // slower, PERFORMANCE.md), S for block j + 1 on the tensor cores while the softmax of block j
 // runs (FA3's intra-warpgroup overlap); neither, each consumer on its own.
 //
-// Work split (three warpgroups of 128 threads):
+// Work split (warpgroups of 128 threads):
 //   warpgroup 0, the producer: two threads issue the TMA loads (one Q_i and K_j, the other
 //     V_j, into a ring of STAGES shared-memory slots) and the warpgroup gives its registers
 //     to the consumers;
-//   warpgroups 1 and 2, the consumers: each owns 64 of the B_r = 128 rows of Q_i and runs the
-//     loop above on them; a consumer frees a slot (an mbarrier arrival per warp) once its
+//   warpgroups 1 .. CONSUMERS (2, or 3 at small head dims), the consumers: each owns 64 of
+//     the B_r = 64 CONSUMERS rows of Q_i and runs the loop above on them; a consumer frees a
+//     slot (an mbarrier arrival per warp) once its
 //     matmuls have read it (K_j after S_ij, V_j after P~V, which with PINGPONG or OVERLAP is
 //     known a step later).
 // A thread block takes tiles (row block, head, batch) in turn (see "the tiles" below).
@@ -57,14 +58,17 @@
 namespace cuflash {
 
 template <int HD_, int B_c_, int STAGES_, bool OVERLAP_, bool PINGPONG_ = false,
-          bool LAZY_RESCALE_ = false, int POLY_EVERY_ = 0>
+          bool LAZY_RESCALE_ = false, int POLY_EVERY_ = 0, int CONSUMERS_ = 2>
 struct ForwardTileSm90 {
-    static constexpr int HD = HD_, B_r = 128, B_c = B_c_, STAGES = STAGES_;
+    // CONSUMERS warpgroups of 64 query rows each (2, or 3 where a small head dim leaves the
+    // registers: three take turns, so that two softmaxes run under each one's matmuls).
+    static constexpr int CONSUMERS = CONSUMERS_;
+    static constexpr int HD = HD_, B_r = 64 * CONSUMERS, B_c = B_c_, STAGES = STAGES_;
     // OVERLAP: S for block j + 1 is computed while the softmax of block j runs (a second S
     // buffer in registers: on where it fits without spills, see cuflash/_plan.py).
     static constexpr bool OVERLAP = OVERLAP_;
-    // PINGPONG: the two consumers take turns on the tensor cores, each one's softmax running
-    // under the other's matmuls (P~V of a block is issued with the next block's S).
+    // PINGPONG: the consumers take turns on the tensor cores, each one's softmax running
+    // under the others' matmuls (P~V of a block is issued with the next block's S).
     static constexpr bool PINGPONG = PINGPONG_;
     static_assert(!(OVERLAP && PINGPONG), "one schedule: OVERLAP or PINGPONG");
     // The online softmax's options (softmax.cuh), named as in the portable ForwardTile:
@@ -73,7 +77,7 @@ struct ForwardTileSm90 {
     static constexpr bool LAZY_RESCALE = LAZY_RESCALE_;
     static constexpr int RESCALE_LOG2 = 8;
     static constexpr int POLY_EVERY = POLY_EVERY_;
-    static constexpr int NTHREADS = 384;     // producer + 2 consumer warpgroups
+    static constexpr int NTHREADS = 128 * (1 + CONSUMERS);  // producer + consumer warpgroups
     static constexpr int GROUPS = HD / 64;   // 64-column groups of the head dim
     static constexpr int NT_S = B_c / 8;     // n8 tiles across S_ij (per consumer: 64 rows)
     static constexpr int NT_O = HD / 8;      // n8 tiles across O~_i
@@ -85,11 +89,13 @@ struct ForwardTileSm90 {
     static constexpr int SMEM_BYTES = 1024 + Q_BYTES + 2 * STAGES * KV_BYTES + BAR_BYTES;
     // setmaxnreg moves registers between warpgroups of the block: the consumers' increase
     // waits until the producer's decrease has freed enough of what the launch allocated
-    // (__launch_bounds__(384, 1): 168 per thread). Asking for more than that hangs the block.
-    static constexpr int CONSUMER_REGS = 232, PRODUCER_REGS = 40;
-    static_assert(PRODUCER_REGS * 128 + 2 * CONSUMER_REGS * 128 <= 65536 / NTHREADS / 8 * 8 *
-                                                                    NTHREADS,
+    // (__launch_bounds__(NTHREADS, 1): 168 per thread with 384, 128 with 512). Asking for more
+    // than that hangs the block.
+    static constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 232 : 152, PRODUCER_REGS = 40;
+    static_assert(PRODUCER_REGS * 128 + CONSUMERS * CONSUMER_REGS * 128 <=
+                      65536 / NTHREADS / 8 * 8 * NTHREADS,
                   "setmaxnreg: the warpgroups ask for more registers than the launch has");
+    static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
 
     static_assert(HD % 64 == 0 && HD <= 256, "head dim padded to a multiple of 64, <= 256");
     static_assert(B_c % 16 == 0 && B_c <= 256, "B_c: whole k16 steps of P V, one wgmma");
@@ -154,12 +160,12 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
 
     if (tid == 0) {
         mbar_init(q_full, 1);
-        mbar_init(q_free, 8);  // one arrival per consumer warp
+        mbar_init(q_free, 4 * Tile::CONSUMERS);  // one arrival per consumer warp
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);
             mbar_init(v_full(s), 1);
-            mbar_init(k_free(s), 8);
-            mbar_init(v_free(s), 8);
+            mbar_init(k_free(s), 4 * Tile::CONSUMERS);
+            mbar_init(v_free(s), 4 * Tile::CONSUMERS);
         }
         mbar_init_fence();
     }
@@ -182,7 +188,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             const MaskT mask(p, seq.seqlen_q, seq.seqlen_k);
             const ColumnBlocks cb = column_blocks<B_r, B_c>(mask, tl.row_block);
             const int head_k = tl.head / p.group;
-            if (is_k) {  // Q_i: GROUPS boxes of (64 columns x 128 rows), once the last is read
+            if (is_k) {  // Q_i: GROUPS boxes of (64 columns x B_r rows), once the last is read
                 mbar_wait(q_free, (count & 1) ^ 1);
                 mbar_arrive_expect_tx(q_full, Tile::Q_BYTES);
                 for (int g = 0; g < GROUPS; ++g)
@@ -208,7 +214,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     const int wg = warpgroup - 1;          // which 64 rows of Q_i: 64 wg ..
     const int warp = (tid / 32) % 4, lane = tid % 32;
     const Score score(p);
-    // This consumer's 64 rows of Q_i: group g at sQ + g * 128 rows * 128 bytes + 64 wg rows.
+    // This consumer's 64 rows of Q_i: group g at sQ + g * B_r rows * 128 bytes + 64 wg rows.
     const unsigned q_rows = sQ + wg * 64 * 128;
 
     // S_ij = Q_i K_j^T for the block in slot round `it` (counted over the block's tiles),
@@ -281,22 +287,26 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         };
 
         // ---- the FA2 inner loop, on wgmma: one step per column block j --------------------
-        // In one of three schedules: ping-pong between the two consumers (PINGPONG), or each
+        // In one of three schedules: ping-pong between the consumers (PINGPONG), or each
         // consumer on its own, with or without the intra-warpgroup overlap (OVERLAP).
         if constexpr (Tile::PINGPONG) {
-            // The two consumers take turns on the tensor cores: in its turn a consumer issues
-            // P~V of its previous block and S of its next, then hands the turn over and runs
-            // its softmax while the other's matmuls run (FlashAttention-3's inter-warpgroup
-            // overlap). Turns are named barriers: consumer w waits on barrier 1 + w (256
-            // threads: its own 128 and the other's arrival); per tile, consumer 0 goes first.
+            // The consumers take turns on the tensor cores, in order 0, 1, (2,) 0, ...: in its
+            // turn a consumer issues P~V of its previous block and S of its next, then hands
+            // the turn to the next and runs its softmax while the others' matmuls run
+            // (FlashAttention-3's inter-warpgroup overlap). Turns are named barriers: consumer
+            // w waits on barrier 1 + w (256 threads: its own 128 and the previous one's
+            // arrival); per tile, consumer 0 goes first, the last one handing it the turn.
+            constexpr int LAST = Tile::CONSUMERS - 1;
+            const int next_turn =  // the next one's barrier
+                Tile::CONSUMERS == 2 ? 2 - wg : 1 + (wg + 1) % Tile::CONSUMERS;
             unsigned pa[B_c / 16][4];
             float s[1][NT_S][4];
-            if (wg == 1 && n > 0) named_barrier_arrive(1, 256);
+            if (wg == LAST && n > 0) named_barrier_arrive(1, 256);
             for (int i = 0; i < n; ++i) {
                 named_barrier_sync(1 + wg, 256);
                 if (i > 0) issue_pv(pa, it0 + i - 1);
                 issue_s(s, it0 + i);
-                if (!(wg == 1 && i == n - 1)) named_barrier_arrive(2 - wg, 256);
+                if (!(wg == LAST && i == n - 1)) named_barrier_arrive(next_turn, 256);
                 wgmma_wait<0>();
                 fence_accumulators(s[0]);
                 fence_accumulators(o[0]);

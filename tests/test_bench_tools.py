@@ -95,8 +95,16 @@ def test_config_from_shape_reads_the_bench_notation():
     assert _plan.config_from_shape("fwd", 96, "h176x2p").pingpong
     assert _plan.config_from_shape("fwd", 64, "h128x3o").overlap
     assert _plan.config_from_shape("fwd", 256, "h64x2") == _plan.Sm90ForwardConfig(256, 64, 2)
-    with pytest.raises(ValueError, match="hBcxStages"):
-        _plan.config_from_shape("fwd", 64, "h128x3q")
+    # l: lazy rescaling, eN: exponentials on the FMA pipe, c3: three consumer warpgroups
+    three = _plan.config_from_shape("fwd", 64, "h128x4ple3c3")
+    assert three == _plan.Sm90ForwardConfig(64, 128, 4, pingpong=True, lazy=True, poly=3,
+                                            consumers=3)
+    assert (three.B_r, three.threads) == (192, 512)
+    assert three.smem_bytes == 1024 + 2 * 192 * 64 + 2 * 4 * 2 * 128 * 64 + 8 * (2 + 4 * 4)
+    assert three.tile_type.endswith(", true, true, 3, 3>")
+    for bad in ("h128x3q", "h128x3pc4"):
+        with pytest.raises(ValueError, match="hBcxStages"):
+            _plan.config_from_shape("fwd", 64, bad)
 
 
 @pytest.mark.parametrize("cmd", [
