@@ -54,6 +54,9 @@ class KernelReport:
     stack: int
     spill_stores: int
     spill_loads: int
+    # ptxas C7511/C7512: the wgmma instructions were serialized (each waits for the one before),
+    # for want of registers: no spill, but the tile's matmuls lose their pipelining
+    wgmma_serialized: bool = False
 
 
 def instantiation_source(filename: str, names: list[str], asserts: list[str] = ()) -> str:
@@ -71,6 +74,8 @@ def instantiation_source(filename: str, names: list[str], asserts: list[str] = (
 _FUNC = re.compile(r"Compiling entry function '(?P<name>[^']+)' for '(?P<arch>sm_\w+)'")
 _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers.*?(?:, (\d+) bytes smem)?")
+_SERIALIZED = re.compile(r"\(C751\d\) Potential Performance Loss: wgmma\.mma_async instructions "
+                         r"are serialized.*?function '(?P<name>[^']+)'")
 
 
 def parse_ptxas(log: str) -> list[KernelReport]:
@@ -85,6 +90,9 @@ def parse_ptxas(log: str) -> list[KernelReport]:
             reports.append(KernelReport(current[0], current[1], int(m.group(1)),
                                         int(smem.group(1)) if smem else 0, *stack))
             current, stack = None, (0, 0, 0)
+    serialized = {m.group("name") for m in _SERIALIZED.finditer(log)}
+    for r in reports:
+        r.wgmma_serialized = r.name in serialized
     return reports
 
 
@@ -206,6 +214,7 @@ def cache_key(archs, nvcc: str) -> str:
         for filename in sorted({f for f, _ in specs}):
             h.update(_loader.expand_source(filename).encode())
     h.update(instantiation_source.__code__.co_code)
+    h.update(parse_ptxas.__code__.co_code)
     return h.hexdigest()[:32]
 
 
@@ -274,12 +283,13 @@ def main(argv=None) -> int:
     print(f"{'arch':<6}{'regs':>5}{'stack':>7}{'spill st':>9}{'spill ld':>9}  kernel")
     bad = 0
     for r in sorted(reports, key=lambda r: (names[r.name], r.arch)):
-        flag = "  <-- SPILLS" if r.spill_stores or r.spill_loads else ""
+        flag = "  <-- SPILLS" if r.spill_stores or r.spill_loads else \
+            "  <-- WGMMA SERIALIZED" if r.wgmma_serialized else ""
         bad += bool(flag)
         short = names[r.name].replace("void ", "").split("(")[0]
         print(f"sm_{r.arch:<3}{r.registers:>5}{r.stack:>7}{r.spill_stores:>9}{r.spill_loads:>9}"
               f"  {short}{flag}")
-    print(f"{len(reports)} kernels compiled, {bad} with spills")
+    print(f"{len(reports)} kernels compiled, {bad} with spills or serialized wgmma")
     return 1 if bad else 0
 
 

@@ -23,6 +23,9 @@ def test_every_specialisation_compiles_without_spills(reports):
     assert len(reports) == sum(len(_plan.all_specialisations(a)) for a in compile_check.ARCHS)
     spills = [r for r in reports if r.spill_stores or r.spill_loads or r.stack]
     assert not spills, "register spills / stack use:\n" + "\n".join(map(str, spills))
+    serialized = [r for r in reports if r.wgmma_serialized]
+    assert not serialized, "wgmma serialized for want of registers (ptxas C7511/C7512):\n" + \
+        "\n".join(map(str, serialized))
     assert all(r.registers <= 255 for r in reports)
 
 
@@ -92,6 +95,23 @@ def test_compile_check_cache_key_follows_sources_and_planner(tmp_path, monkeypat
     assert compile_check.cache_key(("80",), NVCC) == key
     (kernels / "common.cuh").write_text((kernels / "common.cuh").read_text() + "\n// edit\n")
     assert compile_check.cache_key(("80",), NVCC) != key  # a header edit misses the cache
+
+
+def test_ptxas_report_flags_serialized_wgmma():
+    """ptxas names the function whose wgmma it serialized (C7511/C7512, an "info" line, no
+    spill): the report carries it, and only for that function."""
+    log = """ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are \
+serialized due to insufficient register resources for the function '_Z1av'
+ptxas info    : Compiling entry function '_Z1av' for 'sm_90a'
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 128 registers, used 16 barriers
+ptxas info    : Compiling entry function '_Z1bv' for 'sm_90a'
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 168 registers, used 16 barriers
+"""
+    a, b = compile_check.parse_ptxas(log)
+    assert (a.name, a.wgmma_serialized, a.spill_stores) == ("_Z1av", True, 0)
+    assert (b.name, b.wgmma_serialized, b.registers) == ("_Z1bv", False, 168)
 
 
 def test_compile_check_cache_round_trip(tmp_path, monkeypatch):
