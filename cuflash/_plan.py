@@ -391,15 +391,20 @@ def _table() -> dict:
     # / +4% / +1%; non-causal d 64 +8% at 512, +1-2% to 4096; d 128 +1% at 512, slower from
     # 1024. Lazy rescaling of O~ (lazy=True) at d 128 and 256: d 128 n 16k +9% (non-causal),
     # +5% (causal); d 64: within noise, left off.
-    def _h(HD, B_c, stages, lazy=False):
-        return Sm90ForwardConfig(HD, B_c, stages, pingpong=True, lazy=lazy)
+    # Fourth round: at d 64, three consumer warpgroups (B_r 192, consumers=3, 160 registers
+    # each; at 152 ptxas serialized the wgmma of B_c 128) put two softmaxes under each one's
+    # matmuls: non-causal +3% at n 512-1024, +11-14% from 2048; causal +3-5% from n 4096 and
+    # slower below (more of a 192-row tile is masked).
+    def _h(HD, B_c, stages, lazy=False, consumers=2):
+        return Sm90ForwardConfig(HD, B_c, stages, pingpong=True, lazy=lazy,
+                                 consumers=consumers)
 
-    put("sm90a", "fwd", 64, False, [_h(64, 176, 3)])
-    put("sm90a", "fwd", 64, True, [_h(64, 192, 2)])
+    put("sm90a", "fwd", 64, None, [_h(64, 128, 3, consumers=3)])
     put("sm90a", "fwd", 128, None, [_h(128, 176, 2, lazy=True)])
     put("sm90a", "fwd", 192, None, [_h(192, 96, 2)])
     put("sm90a", "fwd", 256, None, [_h(256, 80, 2, lazy=True)])
-    put("sm90a", "fwd_short", 64, None, [_h(64, 128, 4)])
+    put("sm90a", "fwd_short", 64, False, [_h(64, 128, 4, consumers=3)])
+    put("sm90a", "fwd_short", 64, True, [_h(64, 128, 4)])
     put("sm90a", "fwd_short", 128, None, [_h(128, 128, 2)])
     put("sm90a", "fwd_short", 256, None, [_h(256, 64, 2)])
     return t
@@ -414,7 +419,7 @@ def sm90_head_dim_bucket(d: int) -> int:
 
 # The longest key sequence (non-causal, causal) that takes the Hopper forward's "fwd_short"
 # tile, per head-dim bucket (the third-round sweep: where the short tile measured faster).
-SM90_SHORT_KEYS = {64: (4096, 4096), 128: (512, 4096), 256: (512, 1024)}
+SM90_SHORT_KEYS = {64: (2048, 2048), 128: (512, 4096), 256: (512, 1024)}
 
 
 def sm90_forward_config(d: int, causal: bool,

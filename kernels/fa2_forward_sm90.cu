@@ -90,8 +90,11 @@ struct ForwardTileSm90 {
     // setmaxnreg moves registers between warpgroups of the block: the consumers' increase
     // waits until the producer's decrease has freed enough of what the launch allocated
     // (__launch_bounds__(NTHREADS, 1): 168 per thread with 384, 128 with 512). Asking for more
-    // than that hangs the block.
-    static constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 232 : 152, PRODUCER_REGS = 40;
+    // than that hangs the block. Three consumers take 160 each and leave the producer 32
+    // (3 x 160 + 32 = 512 per thread of a warpgroup, the whole register file): at 152 ptxas
+    // serialized the wgmma of B_c 128 at d 64 (C7512, no spill, 28-37% slower).
+    static constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 232 : 160,
+                         PRODUCER_REGS = CONSUMERS == 2 ? 40 : 32;
     static_assert(PRODUCER_REGS * 128 + CONSUMERS * CONSUMER_REGS * 128 <=
                       65536 / NTHREADS / 8 * 8 * NTHREADS,
                   "setmaxnreg: the warpgroups ask for more registers than the launch has");

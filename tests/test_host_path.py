@@ -177,12 +177,13 @@ def test_sm90_forward_packs_tensor_maps_and_fields(fake, monkeypatch, causal, d)
     ((name, grid, block, smem, p),) = fake
     cfg = _plan.sm90_forward_config(d, causal, 700)
     assert name == _plan.sm90_forward_kernel_name("bfloat16", cfg, causal)
-    # a persistent grid: min(tiles, SMs) blocks (the stand-in GPU has 132 SMs; 48 tiles, so
-    # one tile per unit of work, causal too)
-    assert grid == (min(-(-333 // 128) * 8 * 2, 132), 1, 1) and p["per_unit"] == 1
-    assert block == 384 and smem == cfg.smem_bytes
+    # a persistent grid: min(tiles, SMs) blocks (the stand-in GPU has 132 SMs; at most 48
+    # tiles, so one tile per unit of work, causal too); B_r = 64 rows per consumer warpgroup
+    assert cfg.B_r == 64 * cfg.consumers and block == 128 * (1 + cfg.consumers)
+    assert grid == (min(-(-333 // cfg.B_r) * 8 * 2, 132), 1, 1) and p["per_unit"] == 1
+    assert smem == cfg.smem_bytes
     assert (p["nheads"], p["batch"]) == (8, 2)
-    for field, x, rows in (("tm_q", q, 128), ("tm_k", k, cfg.B_c), ("tm_v", v, cfg.B_c)):
+    for field, x, rows in (("tm_q", q, cfg.B_r), ("tm_k", k, cfg.B_c), ("tm_v", v, cfg.B_c)):
         b, s, h, _ = x.shape
         words = struct.unpack_from("<15q", p[field])
         assert words == (9, 4, x.data.ptr, d, s, h, b, h * d * 2, d * 2, s * h * d * 2,
