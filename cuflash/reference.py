@@ -18,6 +18,17 @@
 Layouts follow the API: q (batch, seqlen_q, nheads, d); k, v (batch, seqlen_k, nheads_k, d);
 returned O like q and L (batch, nheads, seqlen_q). Causal masks are aligned bottom-right:
 query i sees key j iff j <= i + seqlen_k - seqlen_q. Rows that see no key: O = 0, L = -inf.
+
+The training features (FlashAttention-2's names and conventions), keyword arguments of the
+forward and backward functions:
+
+* ``window_size=(left, right)``: query i sees key j iff i + seqlen_k - seqlen_q - left <= j
+  <= i + seqlen_k - seqlen_q + right; -1 leaves that side unbounded; causal is right = 0.
+* ``softcap``: S -> softcap tanh(S / softcap) on the scaled scores S = scale Q K^T (0: off).
+* ``alibi_slopes`` (nheads,) or (batch, nheads): S -> S - slope |i + seqlen_k - seqlen_q - j|,
+  after the softcap.
+* Variable length: :func:`attention_naive_varlen` and :func:`attention_backward_naive_varlen`
+  on packed (total_tokens, heads, d) arrays with cumulative sequence lengths.
 """
 
 from __future__ import annotations
@@ -31,7 +42,8 @@ __all__ = ["attention_naive", "attention_naive_same_dtype", "attention_fa2_tiled
            "attention_backward_naive", "attention_backward_naive_same_dtype",
            "attention_backward_fa2_tiled", "attention_fa1_tiled", "SeqInfo", "seq_info",
            "Mask", "row_blocks", "block_needs_mask", "column_blocks", "causal_mask",
-           "ColumnBlocks"]
+           "ColumnBlocks", "Score", "attention_naive_varlen", "attention_backward_naive_varlen",
+           "check_cu_seqlens"]
 
 
 def _xp(x):
@@ -83,28 +95,52 @@ def seq_info(batch: int, seqlen_q: int, seqlen_k: int) -> SeqInfo:
 @dataclass(frozen=True)
 class Mask:
     """Which keys each query row sees (mirrors kernels/mask.cuh): keys(row) = [lo, hi].
-    Causal masks are aligned bottom-right: row i sees key j iff j <= i + seqlen_k - seqlen_q;
-    when seqlen_q > seqlen_k the first rows see nothing (O = 0, L = -inf)."""
+    Masks are aligned bottom-right (row i's diagonal is key i + seqlen_k - seqlen_q): a sliding
+    window (window_left, window_right; -1 unbounded) keeps the keys from left before the
+    diagonal to right after it, and causal is window_right = 0. A row can see nothing (when
+    seqlen_q > seqlen_k with the causal mask, or at the edges of a window): O = 0, L = -inf."""
     seqlen_q: int
     seqlen_k: int
     causal: bool = False
-    LOCAL = False  # (a lower key limit: reserved for sliding windows)
+    window_left: int = -1
+    window_right: int = -1
+
+    @property
+    def right(self) -> int:
+        """The upper limit's distance from the diagonal (-1: none); causal is 0."""
+        if self.causal:
+            return 0 if self.window_right < 0 else min(self.window_right, 0)
+        return self.window_right
+
+    @property
+    def LOCAL(self) -> bool:
+        """A lower key limit (a window's left side): blocks left of it are skipped too."""
+        return self.window_left >= 0
 
     def keys(self, row):
         """(lo, hi) of query row(s) `row` (NumPy arrays broadcast); none when hi < lo."""
+        diag = np.asarray(row) + self.seqlen_k - self.seqlen_q
         hi = np.full(np.shape(row), self.seqlen_k - 1)
-        if self.causal:
-            hi = np.minimum(hi, np.asarray(row) + self.seqlen_k - self.seqlen_q)
+        if self.right >= 0:
+            hi = np.minimum(hi, diag + self.right)
         lo = np.zeros(np.shape(row), dtype=int)
+        if self.LOCAL:
+            lo = np.maximum(lo, diag - self.window_left)
         return (lo, hi) if np.ndim(row) else (int(lo), int(hi))
 
     def first_row(self, col_lo: int) -> int:
-        """The first query row that sees a key in [col_lo, ...]."""
-        return max(0, col_lo - (self.seqlen_k - self.seqlen_q)) if self.causal else 0
+        """The first query row that sees a key in [col_lo, ...] (the upper limit cuts rows
+        above it)."""
+        if self.right < 0:
+            return 0
+        return max(0, col_lo - (self.seqlen_k - self.seqlen_q) - self.right)
 
     def last_row(self, col_hi: int) -> int:
-        """The last query row that sees a key in [..., col_hi]."""
-        return self.seqlen_q - 1
+        """The last query row that sees a key in [..., col_hi] (a lower limit cuts rows below;
+        negative when none does)."""
+        if not self.LOCAL:
+            return self.seqlen_q - 1
+        return min(self.seqlen_q - 1, col_hi - (self.seqlen_k - self.seqlen_q) + self.window_left)
 
     def visible(self, xp=np):
         """Boolean (seqlen_q, seqlen_k): True where key j is visible from query i."""
@@ -114,59 +150,118 @@ class Mask:
         return xp.asarray((cols >= lo[:, None]) & (cols <= hi[:, None]))
 
 
-def causal_mask(seqlen_q, seqlen_k, causal, xp=np):
+def causal_mask(seqlen_q, seqlen_k, causal, xp=np, window_size=(-1, -1)):
     """Boolean (seqlen_q, seqlen_k): True where key j is visible from query i."""
-    return Mask(seqlen_q, seqlen_k, causal).visible(xp)
+    return Mask(seqlen_q, seqlen_k, causal, *window_size).visible(xp)
 
 
-def attention_naive(q, k, v, causal=False, softmax_scale=None):
+@dataclass(frozen=True)
+class Score:
+    """The score hook (mirrors kernels/score.cuh): what S_ij = Q_i K_j^T becomes before the
+    softmax, as FlashAttention-2 defines it: S = scale Q K^T; then S = softcap tanh(S /
+    softcap) where softcap > 0; then S = S - slope |i + seqlen_k - seqlen_q - j| where ALiBi
+    slopes are given ((nheads,) or (batch, nheads), per query head)."""
+    scale: float
+    softcap: float = 0.0
+    alibi_slopes: object = None
+
+    def apply(self, xp, S_raw, rows, cols, seqlen_q: int, seqlen_k: int):
+        """The hooked scores of S_raw = Q K^T, shaped (batch, heads, len(rows), len(cols)), for
+        query rows `rows` and key columns `cols` (integer arrays) of a seqlen_q x seqlen_k
+        problem."""
+        S = S_raw * self.scale
+        if self.softcap > 0:
+            S = self.softcap * xp.tanh(S / self.softcap)
+        if self.alibi_slopes is not None:
+            slopes = xp.asarray(self.alibi_slopes).astype(S.dtype)
+            slopes = slopes[None, :, None, None] if slopes.ndim == 1 else slopes[:, :, None, None]
+            rows, cols = xp.asarray(rows), xp.asarray(cols)
+            dist = xp.abs(rows[:, None] + (seqlen_k - seqlen_q) - cols[None, :]).astype(S.dtype)
+            S = S - slopes * dist
+        return S
+
+    def grad(self, xp, S_raw, dS):
+        """The gradient with respect to scale S_raw (the scaled scores before the softcap),
+        given dS with respect to the hooked scores: dS itself, times 1 - tanh^2 with the
+        softcap (ALiBi's bias has none). The gradient with respect to S_raw = Q K^T is scale
+        times this; the backward applies the scale after its matmuls, as the kernels do."""
+        if self.softcap > 0:
+            t = xp.tanh(S_raw * self.scale / self.softcap)
+            return dS * (1 - t * t)
+        return dS
+
+
+def _features(d, softmax_scale, causal, seqlen_q, seqlen_k, window_size, softcap,
+              alibi_slopes):
+    """(Mask, Score) of a call's arguments."""
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    left, right = window_size
+    return (Mask(seqlen_q, seqlen_k, causal, int(left), int(right)),
+            Score(scale, float(softcap), alibi_slopes))
+
+
+def _hooked_scores(xp, Q, K, mask: Mask, score: Score, round_to=None):
+    """(S_raw, S): Q K^T (rounded to `round_to` if given, then float32) and the hooked,
+    masked scores (-inf where hidden)."""
+    S_raw = Q @ K.transpose(0, 1, 3, 2)
+    if round_to is not None:
+        S_raw = S_raw.astype(round_to).astype(xp.float32)
+    rows, cols = np.arange(mask.seqlen_q), np.arange(mask.seqlen_k)
+    S = score.apply(xp, S_raw, rows, cols, mask.seqlen_q, mask.seqlen_k)
+    if round_to is not None:
+        S = S.astype(xp.float32)
+    return S_raw, xp.where(mask.visible(xp), S, -xp.inf)
+
+
+def _softmax_rows(xp, S):
+    """(P, m, l) of masked scores S: P = softmax(S) per row (0 for a row with no key), m the
+    row max (0 where it is -inf), l the row sum of e^(S - m)."""
+    if S.shape[-1]:
+        m = S.max(axis=-1, keepdims=True)
+    else:
+        m = xp.full(S.shape[:-1] + (1,), -xp.inf, S.dtype)
+    m = xp.where(xp.isfinite(m), m, 0.0).astype(S.dtype)
+    E = xp.exp(S - m)                                             # e^(S - m), 0 where masked
+    l = E.sum(axis=-1, keepdims=True)                             # l = rowsum(e^(S - m))
+    return E / xp.where(l != 0, l, 1), m, l                       # P = softmax(S); 0 if no key
+
+
+def attention_naive(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1),
+                    softcap=0.0, alibi_slopes=None):
     """Standard attention in float64 (NumPy, or CuPy for CuPy inputs). Returns (O, L)."""
     xp = _xp(q)
     batch, seqlen_q, nheads, d = q.shape
-    seqlen_k = k.shape[1]
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    mask, score = _features(d, softmax_scale, causal, seqlen_q, k.shape[1], window_size,
+                            softcap, alibi_slopes)
     Q, K, V = (_heads_to_front(x, nheads) for x in (q, k, v))
-    S = scale * (Q @ K.transpose(0, 1, 3, 2))                     # S = scale Q K^T
-    S = xp.where(causal_mask(seqlen_q, seqlen_k, causal, xp), S, -xp.inf)
-    if seqlen_k:
-        m = S.max(axis=-1, keepdims=True)                         # m = rowmax(S)
-    else:
-        m = xp.full(S.shape[:-1] + (1,), -xp.inf)
-    m_safe = xp.where(xp.isfinite(m), m, 0.0)
-    E = xp.exp(S - m_safe)                                        # e^(S - m), 0 where masked
-    l = E.sum(axis=-1, keepdims=True)                             # l = rowsum(e^(S - m))
-    has_keys = l != 0  # (NaN in Q or K: l = NaN, and O, L stay NaN)
-    P = E / xp.where(has_keys, l, 1.0)                            # P = softmax(S); 0 if no key
+    _, S = _hooked_scores(xp, Q, K, mask, score)                  # S = hook(scale Q K^T)
+    P, m, l = _softmax_rows(xp, S)                                # P = softmax(S)
     O = P @ V                                                     # O = P V
-    L = xp.where(has_keys, m_safe + xp.log(xp.where(has_keys, l, 1.0)), -xp.inf)[..., 0]
+    has_keys = l != 0  # (NaN in Q or K: l = NaN, and O, L stay NaN)
+    L = xp.where(has_keys, m + xp.log(xp.where(has_keys, l, 1.0)), -xp.inf)[..., 0]
     return O.transpose(0, 2, 1, 3), L
 
 
-def attention_naive_same_dtype(q, k, v, causal=False, softmax_scale=None):
+def attention_naive_same_dtype(q, k, v, causal=False, softmax_scale=None, *,
+                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
     """Standard attention in the inputs' dtype (fp16/bf16), NumPy or CuPy: both matmuls with
-    16-bit operands and fp32 accumulation, S rounded to the dtype, softmax in fp32, P cast back
-    to the dtype, O rounded to the dtype. Returns O only."""
+    16-bit operands and fp32 accumulation, S rounded to the dtype, the score hook and softmax
+    in fp32, P cast back to the dtype, O rounded to the dtype. Returns O only."""
     xp = _xp(q)
     dt = q.dtype
     batch, seqlen_q, nheads, d = q.shape
-    seqlen_k = k.shape[1]
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-
-    def heads_first(x):
-        x = x.astype(xp.float32).transpose(0, 2, 1, 3)
-        return xp.repeat(x, nheads // x.shape[1], axis=1) if x.shape[1] != nheads else x
-
-    Q, K, V = heads_first(q), heads_first(k), heads_first(v)
-    S = (Q @ K.transpose(0, 1, 3, 2)).astype(dt).astype(xp.float32) * xp.float32(scale)
-    S = xp.where(causal_mask(seqlen_q, seqlen_k, causal, xp), S, -xp.inf)
-    if seqlen_k:
-        m = S.max(axis=-1, keepdims=True)
-    else:
-        m = xp.zeros(S.shape[:-1] + (1,), xp.float32)
-    E = xp.exp(S - xp.where(xp.isfinite(m), m, 0))
-    l = E.sum(axis=-1, keepdims=True)
-    P = (E / xp.where(l != 0, l, 1)).astype(dt).astype(xp.float32)
+    mask, score = _features(d, softmax_scale, causal, seqlen_q, k.shape[1], window_size,
+                            softcap, alibi_slopes)
+    score = Score(np.float32(score.scale), score.softcap, score.alibi_slopes)
+    Q, K, V = (_heads_first_f32(xp, x, nheads) for x in (q, k, v))
+    _, S = _hooked_scores(xp, Q, K, mask, score, round_to=dt)
+    P = _softmax_rows(xp, S)[0].astype(dt).astype(xp.float32)
     return (P @ V).astype(dt).transpose(0, 2, 1, 3)
+
+
+def _heads_first_f32(xp, x, nheads):
+    x = x.astype(xp.float32).transpose(0, 2, 1, 3)
+    return xp.repeat(x, nheads // x.shape[1], axis=1) if x.shape[1] != nheads else x
 
 
 @dataclass(frozen=True)
@@ -198,7 +293,8 @@ def column_blocks(mask: Mask, row_block: int, B_r: int, B_c: int) -> ColumnBlock
 
 
 def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=64,
-                        rescale_log2=None):
+                        rescale_log2=None, *, window_size=(-1, -1), softcap=0.0,
+                        alibi_slopes=None):
     """The FA2 forward loop, in float64, block by block. Returns (O, L).
 
     rescale_log2: None keeps m_i at the running row max, as the seed does. A number t keeps
@@ -211,9 +307,9 @@ def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
     """
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k = k.shape[1]
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    mask, score = _features(d, softmax_scale, causal, seqlen_q, seqlen_k, window_size, softcap,
+                            alibi_slopes)
     Q, K, V = (_heads_to_front(x, nheads) for x in (q, k, v))
-    mask = Mask(seqlen_q, seqlen_k, causal)
     visible = mask.visible()
     O = np.zeros((batch, nheads, seqlen_q, d))
     L = np.zeros((batch, nheads, seqlen_q))
@@ -222,7 +318,7 @@ def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
     for i in range(T_r):                                   # one thread block per row block
         rows = slice(i * B_r, min((i + 1) * B_r, seqlen_q))
         Q_i = Q[:, :, rows]                                # (b, h, B_r, d)
-        m_i = np.full(Q_i.shape[:-1], -np.inf)             # running rowmax of S (unscaled)
+        m_i = np.full(Q_i.shape[:-1], -np.inf)             # running rowmax of S
         l_i = np.zeros(Q_i.shape[:-1])                     # running rowsum of P~
         O_i = np.zeros(Q_i.shape)                          # O~_i, unscaled
         cb = column_blocks(mask, i, B_r, B_c)
@@ -235,24 +331,26 @@ def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
             whole = cb.unmasked_begin <= j < cb.masked_begin
             if whole:
                 assert block_visible.all(), f"unmasked block ({i}, {j}) has masked keys"
-            S_ij = Q_i @ K[:, :, cols].transpose(0, 1, 3, 2)          # S_ij = Q_i K_j^T
+            S_ij = score.apply(np, Q_i @ K[:, :, cols].transpose(0, 1, 3, 2),  # S_ij = hook(
+                               np.arange(seqlen_q)[rows], np.arange(seqlen_k)[cols],  # scale
+                               seqlen_q, seqlen_k)                            # Q_i K_j^T)
             if not whole:
                 S_ij = np.where(block_visible, S_ij, -np.inf)
             m_new = np.maximum(m_i, S_ij.max(axis=-1))                # m_new = max(m, rowmax S)
             if rescale_log2 is not None:                              # lazy: keep m unless
                 with np.errstate(invalid="ignore"):                   # P~ would pass 2^t
-                    grow = (m_new - m_i) * scale * math.log2(math.e) > rescale_log2
+                    grow = (m_new - m_i) * math.log2(math.e) > rescale_log2
                 m_new = np.where(grow | np.isneginf(m_i), m_new, m_i)
-            m_scaled = np.where(np.isneginf(m_new), 0.0, m_new * scale)
-            P_ij = np.exp(S_ij * scale - m_scaled[..., None])         # P~ = e^(scale S - m)
-            alpha = np.exp(m_i * scale - m_scaled)                    # e^(m_old - m_new)
+            m_safe = np.where(np.isneginf(m_new), 0.0, m_new)
+            P_ij = np.exp(S_ij - m_safe[..., None])                   # P~ = e^(S - m)
+            alpha = np.exp(m_i - m_safe)                              # e^(m_old - m_new)
             l_i = alpha * l_i + P_ij.sum(axis=-1)                     # l = e^(..) l + rowsum P~
             O_i = alpha[..., None] * O_i + P_ij @ V[:, :, cols]       # O~ = diag(..) O~ + P~ V_j
             m_i = m_new
         inv_l = np.divide(1.0, l_i, out=np.zeros_like(l_i), where=l_i != 0)
         O[:, :, rows] = inv_l[..., None] * O_i                         # O_i = diag(l)^-1 O~_i
         with np.errstate(divide="ignore"):
-            L[:, :, rows] = np.where(l_i != 0, m_i * scale + np.log(l_i), -np.inf)  # L = m + log l
+            L[:, :, rows] = np.where(l_i != 0, m_i + np.log(l_i), -np.inf)  # L = m + log l
     return O.transpose(0, 2, 1, 3), L
 
 
@@ -266,70 +364,55 @@ def _group_sum(xp, x, nheads_k):
     return x.reshape(b, nheads_k, h // nheads_k, n, d).sum(axis=2).transpose(0, 2, 1, 3)
 
 
-def _probabilities(xp, Q, K, causal, scale, round_to=None):
-    """P = softmax(scale Q K^T) with the bottom-right causal mask; rows with no key are 0.
-    round_to: a 16-bit dtype in which S and P are rounded (the same-dtype naive version)."""
-    S = Q @ K.transpose(0, 1, 3, 2)
-    if round_to is not None:
-        S = S.astype(round_to).astype(xp.float32)
-    S = S * scale
-    S = xp.where(causal_mask(Q.shape[2], K.shape[2], causal, xp), S, -xp.inf)
-    if K.shape[2]:
-        m = S.max(axis=-1, keepdims=True)
-    else:
-        m = xp.zeros(S.shape[:-1] + (1,), S.dtype)
-    E = xp.exp(S - xp.where(xp.isfinite(m), m, 0))
-    l = E.sum(axis=-1, keepdims=True)
-    P = E / xp.where(l != 0, l, 1)
-    if round_to is not None:
-        P = P.astype(round_to).astype(xp.float32)
-    return P
-
-
-def attention_backward_naive(dout, q, k, v, causal=False, softmax_scale=None):
+def attention_backward_naive(dout, q, k, v, causal=False, softmax_scale=None, *,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
     """Gradients of standard attention in float64 (NumPy, or CuPy for CuPy inputs):
-    dV = P^T dO, dP = dO V^T, D = rowsum(dO ∘ O), dS = P ∘ (dP - D), dQ = scale dS K,
-    dK = scale dS^T Q; dK, dV summed over each group of query heads (GQA/MQA)."""
+    dV = P^T dO, dP = dO V^T, D = rowsum(dO ∘ O), dS = P ∘ (dP - D) (times the softcap's
+    1 - tanh^2), dQ = scale dS K, dK = scale dS^T Q; dK, dV summed over each group of query
+    heads (GQA/MQA)."""
     xp = _xp(q)
     nheads, nheads_k, d = q.shape[2], k.shape[2], q.shape[3]
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    mask, score = _features(d, softmax_scale, causal, q.shape[1], k.shape[1], window_size,
+                            softcap, alibi_slopes)
     Q, K, V, dO = (_heads_to_front(x, nheads) for x in (q, k, v, dout))
-    P = _probabilities(xp, Q, K, causal, scale)
+    S_raw, S = _hooked_scores(xp, Q, K, mask, score)
+    P = _softmax_rows(xp, S)[0]
     O = P @ V
     dV = P.transpose(0, 1, 3, 2) @ dO                              # dV = P^T dO
     dP = dO @ V.transpose(0, 1, 3, 2)                              # dP = dO V^T
     D = (dO * O).sum(axis=-1, keepdims=True)                       # D = rowsum(dO ∘ O)
-    dS = P * (dP - D)                                              # dS = P ∘ (dP - D)
-    dQ = scale * (dS @ K)                                          # dQ = scale dS K
-    dK = scale * (dS.transpose(0, 1, 3, 2) @ Q)                    # dK = scale dS^T Q
+    dS = score.grad(xp, S_raw, P * (dP - D))                       # dS = hook'(P ∘ (dP - D))
+    dQ = score.scale * (dS @ K)                                    # dQ = scale dS K
+    dK = score.scale * (dS.transpose(0, 1, 3, 2) @ Q)              # dK = scale dS^T Q
     return dQ.transpose(0, 2, 1, 3), _group_sum(xp, dK, nheads_k), _group_sum(xp, dV, nheads_k)
 
 
-def attention_backward_naive_same_dtype(dout, q, k, v, causal=False, softmax_scale=None):
+def attention_backward_naive_same_dtype(dout, q, k, v, causal=False, softmax_scale=None, *,
+                                        window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
     """The same gradients computed the way autodiff through a 16-bit naive attention would:
     16-bit matmul operands with fp32 accumulation, every matmul result rounded to the dtype,
-    softmax and its gradient in fp32. Returns (dq, dk, dv) in the inputs' dtype."""
+    the score hook, softmax and their gradients in fp32. Returns (dq, dk, dv) in the inputs'
+    dtype."""
     xp = _xp(q)
     dt = q.dtype
     nheads, nheads_k, d = q.shape[2], k.shape[2], q.shape[3]
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-
-    def heads_first(x):
-        x = x.astype(xp.float32).transpose(0, 2, 1, 3)
-        return xp.repeat(x, nheads // x.shape[1], axis=1) if x.shape[1] != nheads else x
+    mask, score = _features(d, softmax_scale, causal, q.shape[1], k.shape[1], window_size,
+                            softcap, alibi_slopes)
+    score = Score(np.float32(score.scale), score.softcap, score.alibi_slopes)
 
     def rnd(x):
         return x.astype(dt).astype(xp.float32)
 
-    Q, K, V, dO = (heads_first(x) for x in (q, k, v, dout))
-    P = _probabilities(xp, Q, K, causal, xp.float32(scale), round_to=dt)
+    Q, K, V, dO = (_heads_first_f32(xp, x, nheads) for x in (q, k, v, dout))
+    S_raw, S = _hooked_scores(xp, Q, K, mask, score, round_to=dt)
+    P = rnd(_softmax_rows(xp, S)[0])
     O = rnd(P @ V)
     dV = rnd(P.transpose(0, 1, 3, 2) @ dO)
     dP = rnd(dO @ V.transpose(0, 1, 3, 2))
     D = (dO * O).sum(axis=-1, keepdims=True)
-    dS = rnd(P * (dP - D))
-    dQ = rnd(xp.float32(scale) * (dS @ K))
-    dK = rnd(xp.float32(scale) * (dS.transpose(0, 1, 3, 2) @ Q))
+    dS = rnd(score.grad(xp, S_raw, P * (dP - D)).astype(xp.float32))
+    dQ = rnd(score.scale * (dS @ K))
+    dK = rnd(score.scale * (dS.transpose(0, 1, 3, 2) @ Q))
     return (dQ.astype(dt).transpose(0, 2, 1, 3), _group_sum(xp, dK, nheads_k).astype(dt),
             _group_sum(xp, dV, nheads_k).astype(dt))
 
@@ -353,18 +436,19 @@ def block_needs_mask(mask: Mask, row_block: int, col_block: int, B_r: int, B_c: 
 
 
 def attention_backward_fa2_tiled(dout, q, k, v, out, lse, causal=False, softmax_scale=None,
-                                 B_r=64, B_c=64):
+                                 B_r=64, B_c=64, *, window_size=(-1, -1), softcap=0.0,
+                                 alibi_slopes=None):
     """The FA2 backward loop in float64, block by block: column blocks j outside, the row
     blocks i that see them inside, S and P recomputed from the forward's L (lse), dK_j and dV_j
     accumulated per column block, dQ_i accumulated across column blocks. Checks the block plan
     against the mask (AssertionError otherwise). Returns (dq, dk, dv)."""
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    mask, score = _features(d, softmax_scale, causal, seqlen_q, seqlen_k, window_size, softcap,
+                            alibi_slopes)
     Q, K, V, dO, O = (_heads_to_front(x, nheads) for x in (q, k, v, dout, out))
     L = np.asarray(lse, dtype=np.float64)                             # (b, h, N_q)
     D = (dO * O).sum(axis=-1)                                         # D = rowsum(dO ∘ O)
-    mask = Mask(seqlen_q, seqlen_k, causal)
     visible = mask.visible()
     dQ = np.zeros(Q.shape)
     dK = np.zeros(K.shape)
@@ -384,20 +468,91 @@ def attention_backward_fa2_tiled(dout, q, k, v, out, lse, causal=False, softmax_
             masked = block_needs_mask(mask, i, j, B_r, B_c)
             if not masked:
                 assert block_visible.all(), f"unmasked block ({i}, {j}) has masked keys"
-            S_ij = Q[:, :, rows] @ K_j.transpose(0, 1, 3, 2)          # S_ij = Q_i K_j^T
+            S_raw = Q[:, :, rows] @ K_j.transpose(0, 1, 3, 2)         # Q_i K_j^T
+            S_ij = score.apply(np, S_raw, np.arange(seqlen_q)[rows],  # S_ij = hook(scale ..)
+                               np.arange(seqlen_k)[cols], seqlen_q, seqlen_k)
             with np.errstate(invalid="ignore", over="ignore"):        # masked: inf - inf
-                P_ij = np.exp(scale * S_ij - L[:, :, rows, None])     # P_ij = exp(S_ij - L_i)
+                P_ij = np.exp(S_ij - L[:, :, rows, None])             # P_ij = exp(S_ij - L_i)
             if masked:
                 P_ij = np.where(block_visible, P_ij, 0.0)
             dV_j += P_ij.transpose(0, 1, 3, 2) @ dO[:, :, rows]       # dV_j += P_ij^T dO_i
             dP_ij = dO[:, :, rows] @ V_j.transpose(0, 1, 3, 2)        # dP_ij = dO_i V_j^T
-            dS_ij = P_ij * (dP_ij - D[:, :, rows, None])              # dS_ij = P ∘ (dP - D_i)
+            dS_ij = score.grad(np, S_raw,                             # dS_ij = hook'(P ∘
+                               P_ij * (dP_ij - D[:, :, rows, None]))  #   (dP - D_i))
             dK_j += dS_ij.transpose(0, 1, 3, 2) @ Q[:, :, rows]       # dK_j += dS_ij^T Q_i
             dQ[:, :, rows] += dS_ij @ K_j                             # dQ_i += dS_ij K_j
-        dK[:, :, cols] = scale * dK_j
+        dK[:, :, cols] = score.scale * dK_j                           # dK_j = scale sum(..)
         dV[:, :, cols] = dV_j
-    return ((scale * dQ).transpose(0, 2, 1, 3), _group_sum(np, dK, nheads_k),
+    return ((score.scale * dQ).transpose(0, 2, 1, 3), _group_sum(np, dK, nheads_k),
             _group_sum(np, dV, nheads_k))
+
+
+# ---------------------------------------------------------------------------------------------
+# Variable length: sequences packed back to back, located by cumulative lengths
+# ---------------------------------------------------------------------------------------------
+
+def check_cu_seqlens(cu_seqlens, total: int, name: str = "cu_seqlens") -> np.ndarray:
+    """cu_seqlens as an int64 array of length batch + 1, checked: 1-D, at least 2 entries,
+    starting at 0, non-decreasing, ending at `total` (the packed arrays' first dimension).
+    ValueError otherwise."""
+    c = np.asarray(cu_seqlens)
+    if c.ndim != 1 or c.size < 2 or not np.issubdtype(c.dtype, np.integer):
+        raise ValueError(f"{name} must be a 1-D integer sequence of length batch + 1 >= 2, "
+                         f"got {c.dtype} shape {c.shape}")
+    c = c.astype(np.int64)
+    if c[0] != 0 or c[-1] != total or (np.diff(c) < 0).any():
+        raise ValueError(f"{name} must start at 0, never decrease and end at {total} (the "
+                         f"packed length), got {c.tolist()}")
+    return c
+
+
+def _slopes_of(alibi_slopes, b: int):
+    """The (nheads,) ALiBi slopes of batch entry b."""
+    if alibi_slopes is None:
+        return None
+    a = np.asarray(alibi_slopes)
+    return a if a.ndim == 1 else a[b]
+
+
+def attention_naive_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False,
+                           softmax_scale=None, *, window_size=(-1, -1), softcap=0.0,
+                           alibi_slopes=None):
+    """Standard attention over packed sequences, in float64: q (total_q, nheads, d), k and v
+    (total_k, nheads_k, d); sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and
+    cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v, attends within itself, and its masks are
+    aligned bottom-right on its own lengths (zero-length sequences allowed). Returns O
+    (total_q, nheads, d) and L (nheads, total_q), FlashAttention-2's varlen layouts."""
+    cq = check_cu_seqlens(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+    ck = check_cu_seqlens(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    if cq.size != ck.size:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must have the same length")
+    nheads, d = q.shape[1], q.shape[2]
+    O = np.zeros((q.shape[0], nheads, d))
+    L = np.zeros((nheads, q.shape[0]))
+    for b in range(cq.size - 1):
+        qs, ks = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        O_b, L_b = attention_naive(q[None, qs], k[None, ks], v[None, ks], causal, softmax_scale,
+                                   window_size=window_size, softcap=softcap,
+                                   alibi_slopes=_slopes_of(alibi_slopes, b))
+        O[qs], L[:, qs] = O_b[0], L_b[0]
+    return O, L
+
+
+def attention_backward_naive_varlen(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False,
+                                    softmax_scale=None, *, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None):
+    """The float64 gradients of :func:`attention_naive_varlen`: (dq, dk, dv) packed like q, k,
+    v."""
+    cq = check_cu_seqlens(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+    ck = check_cu_seqlens(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for b in range(cq.size - 1):
+        qs, ks = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        g = attention_backward_naive(dout[None, qs], q[None, qs], k[None, ks], v[None, ks],
+                                     causal, softmax_scale, window_size=window_size,
+                                     softcap=softcap, alibi_slopes=_slopes_of(alibi_slopes, b))
+        dq[qs], dk[ks], dv[ks] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,270 @@
+"""CPU: the NumPy reference of the training features (issue 19, step 1): sliding windows,
+softcap, ALiBi and variable-length batches. The naive attention against a per-row definition
+and finite differences; the tiled FA2 simulations (the kernels' block ranges and element
+masks) against the naive attention; the block ranges against the mask."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from cuflash import reference as ref
+
+
+def _rand(rng, *shape):
+    return rng.standard_normal(shape)
+
+
+def _definition(q, k, v, scale, window=(-1, -1), causal=False, softcap=0.0, slopes=None):
+    """Each query row written out from FlashAttention-2's definitions: the keys of a window
+    around the bottom-right diagonal, softcap tanh(s / softcap) on the scaled score, minus
+    slope |i + sk - sq - j|."""
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    out, lse = np.zeros((b, sq, h, d)), np.full((b, h, sq), -np.inf)
+    for bi, hi, i in itertools.product(range(b), range(h), range(sq)):
+        diag = i + sk - sq
+        keys = [j for j in range(sk) if (left < 0 or j >= diag - left) and
+                (right < 0 or j <= diag + right)]
+        if not keys:
+            continue
+        s = np.array([scale * q[bi, i, hi] @ k[bi, j, hi // (h // hk)] for j in keys])
+        if softcap > 0:
+            s = softcap * np.tanh(s / softcap)
+        if slopes is not None:
+            slope = slopes[hi] if np.ndim(slopes) == 1 else slopes[bi, hi]
+            s = s - slope * np.abs(diag - np.array(keys))
+        w = np.exp(s - s.max())
+        out[bi, i, hi] = (w / w.sum()) @ v[bi, keys, hi // (h // hk)]
+        lse[bi, hi, i] = s.max() + math.log(w.sum())
+    return out, lse
+
+
+def _assert_same(O1, L1, O2, L2, tol):
+    assert np.isfinite(O1).all() and np.isfinite(O2).all()
+    np.testing.assert_allclose(O1, O2, rtol=0, atol=tol)
+    assert (np.isneginf(L1) == np.isneginf(L2)).all()
+    finite = np.isfinite(L1)
+    np.testing.assert_allclose(L1[finite], L2[finite], rtol=0, atol=tol)
+
+
+WINDOWS = [(-1, -1), (0, 0), (3, -1), (-1, 2), (4, 1), (7, 0), (0, 5), (40, 40)]
+
+
+# ---- the mask's key ranges and block ranges ----------------------------------------------
+
+def test_window_key_ranges():
+    m = ref.Mask(6, 10, window_left=2, window_right=1)   # the diagonal of row i is key i + 4
+    assert m.keys(0) == (2, 5) and m.keys(5) == (7, 9)
+    assert m.LOCAL and m.right == 1
+    assert ref.Mask(6, 10, True, 2, 3).right == 0          # causal is right = 0
+    assert ref.Mask(6, 10, True, 2, -1).keys(0) == (2, 4)
+    assert not ref.Mask(6, 10, True).LOCAL
+    m = ref.Mask(4, 2, window_left=0, window_right=0)       # diagonal -2 .. 1: rows 0, 1 see
+    assert [m.keys(i)[0] <= m.keys(i)[1] for i in range(4)] == [False, False, True, True]
+    # the rows that see a key range, for the backward (first_row, last_row)
+    m = ref.Mask(50, 60, window_left=5, window_right=3)
+    vis = m.visible()
+    for lo, hi in ((0, 9), (20, 29), (55, 59)):
+        rows = np.nonzero(vis[:, lo:hi + 1].any(axis=1))[0]
+        assert m.first_row(lo) <= rows.min() and rows.max() <= m.last_row(hi)
+        assert m.first_row(lo) == max(0, lo - 10 - 3) and m.last_row(hi) == min(49, hi - 10 + 5)
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+@pytest.mark.parametrize("sq,sk,B_r,B_c", [(37, 61, 8, 16), (61, 37, 16, 8), (64, 64, 16, 16),
+                                           (5, 300, 4, 32)])
+def test_window_block_ranges_match_the_mask(window, sq, sk, B_r, B_c):
+    """column_blocks (forward) and row_blocks / block_needs_mask (backward): every visible
+    key's block is visited, skipped blocks are fully hidden, unmasked blocks fully visible."""
+    for causal in (False, True):
+        mask = ref.Mask(sq, sk, causal, *window)
+        vis = mask.visible()
+        for i in range(-(-sq // B_r)):
+            cb = ref.column_blocks(mask, i, B_r, B_c)
+            for j in range(-(-sk // B_c)):
+                blk = vis[i * B_r:(i + 1) * B_r, j * B_c:(j + 1) * B_c]
+                if not cb.begin <= j < cb.end:
+                    assert not blk.any()
+                elif cb.unmasked_begin <= j < cb.masked_begin:
+                    assert blk.all()
+        for j in range(-(-sk // B_c)):
+            begin, end = ref.row_blocks(mask, j, B_r, B_c)
+            for i in range(-(-sq // B_r)):
+                blk = vis[i * B_r:(i + 1) * B_r, j * B_c:(j + 1) * B_c]
+                if not begin <= i < end:
+                    assert not blk.any()
+                elif not ref.block_needs_mask(mask, i, j, B_r, B_c):
+                    assert blk.all()
+
+
+def test_window_skips_blocks():
+    """A window of 256 over 16k keys: each row block visits the blocks its window touches,
+    not all of them (block skipping really skips)."""
+    n, B_r, B_c, left = 16384, 128, 128, 256
+    mask = ref.Mask(n, n, True, left, 0)
+    visited = sum(cb.end - cb.begin for cb in (ref.column_blocks(mask, i, B_r, B_c)
+                                                 for i in range(n // B_r)))
+    assert visited <= (n // B_r) * ((left + B_r) // B_c + 1)
+    # the backward: each column block's row blocks
+    rows = sum(e - b for b, e in (ref.row_blocks(mask, j, B_r, B_c) for j in range(n // B_c)))
+    assert rows <= (n // B_c) * ((left + B_c) // B_r + 1)
+
+
+# ---- the forward -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("features", [
+    dict(window=(3, 1)), dict(window=(0, 0)), dict(window=(2, -1), causal=True),
+    dict(softcap=2.0), dict(softcap=0.5, causal=True),
+    dict(slopes="h"), dict(slopes="bh", causal=True),
+    dict(window=(4, 2), softcap=1.5, slopes="h"),
+], ids=lambda f: "_".join(f"{k}{v}" for k, v in f.items()))
+@pytest.mark.parametrize("sq,sk,h,hk", [(5, 9, 2, 1), (9, 5, 4, 2), (1, 1, 1, 1)])
+def test_naive_matches_definition(sq, sk, h, hk, features):
+    rng = np.random.default_rng(sq * 10 + sk)
+    q, k, v = _rand(rng, 2, sq, h, 8), _rand(rng, 2, sk, hk, 8), _rand(rng, 2, sk, hk, 8)
+    slopes = {None: None, "h": rng.uniform(0.1, 1, h),
+              "bh": rng.uniform(0.1, 1, (2, h))}[features.get("slopes")]
+    kw = dict(window_size=features.get("window", (-1, -1)), softcap=features.get("softcap", 0),
+              alibi_slopes=slopes)
+    causal = features.get("causal", False)
+    O, L = ref.attention_naive(q, k, v, causal, 0.6, **kw)
+    O2, L2 = _definition(q, k, v, 0.6, kw["window_size"], causal, kw["softcap"], slopes)
+    _assert_same(O, L, O2, L2, 1e-12)
+
+
+CASES = [
+    # (batch, seqlen_q, seqlen_k, heads, heads_k, d, B_r, B_c)
+    (2, 17, 33, 4, 2, 16, 8, 16),
+    (1, 33, 17, 3, 1, 8, 16, 8),
+    (1, 113, 113, 2, 2, 16, 32, 16),
+    (1, 3, 203, 1, 1, 24, 16, 16),
+]
+
+
+def _case(case, seed):
+    b, sq, sk, h, hk, d = case[:6]
+    rng = np.random.default_rng(sum(case) + seed)
+    return (_rand(rng, b, sq, h, d), _rand(rng, b, sk, hk, d), _rand(rng, b, sk, hk, d),
+            _rand(rng, b, sq, h, d), rng.uniform(0.05, 0.5, (b, h)))
+
+
+@pytest.mark.parametrize("softcap,alibi", [(0.0, False), (3.0, False), (0.0, True),
+                                           (2.0, True)], ids=["plain", "softcap", "alibi",
+                                                              "both"])
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}_q{}_k{}_h{}_hk{}_d{}_Br{}_Bc{}"
+                         .format(*c))
+def test_tiled_forward_and_backward_equal_naive(case, window, softcap, alibi):
+    """The FA2 forward loop (column_blocks' three phases, the element mask only on masked
+    blocks, the score hook per block) and the backward loop (row_blocks, block_needs_mask,
+    the hook's gradient per block) equal the naive attention, causal and not."""
+    B_r, B_c = case[6:]
+    q, k, v, dout, slopes = _case(case, 3)
+    for causal in (False, True):
+        kw = dict(window_size=window, softcap=softcap, alibi_slopes=slopes if alibi else None)
+        O, L = ref.attention_naive(q, k, v, causal, **kw)
+        O2, L2 = ref.attention_fa2_tiled(q, k, v, causal, B_r=B_r, B_c=B_c, **kw)
+        _assert_same(O, L, O2, L2, 1e-12)
+        O3, L3 = ref.attention_fa2_tiled(q, k, v, causal, B_r=B_r, B_c=B_c, rescale_log2=8,
+                                         **kw)
+        _assert_same(O, L, O3, L3, 1e-12)
+        naive = ref.attention_backward_naive(dout, q, k, v, causal, **kw)
+        tiled = ref.attention_backward_fa2_tiled(dout, q, k, v, O, L, causal, B_r=B_r, B_c=B_c,
+                                                 **kw)
+        for a, t in zip(naive, tiled):
+            assert np.isfinite(t).all()
+            np.testing.assert_allclose(t, a, rtol=0, atol=1e-11)
+
+
+# ---- the backward ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", [dict(softcap=1.5), dict(alibi_slopes=[0.3, 0.7]),
+                                dict(window_size=(2, 1), softcap=0.8,
+                                     alibi_slopes=[[0.2, 0.5]])],
+                         ids=["softcap", "alibi", "window_softcap_alibi"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_backward_matches_finite_differences(kw, causal):
+    """The gradients through the score hook (softcap's 1 - tanh^2; ALiBi's bias has none)."""
+    rng = np.random.default_rng(11)
+    q, k, v = _rand(rng, 1, 4, 2, 4), _rand(rng, 1, 5, 1, 4), _rand(rng, 1, 5, 1, 4)
+    dout = _rand(rng, 1, 4, 2, 4)
+    grads = ref.attention_backward_naive(dout, q, k, v, causal, 0.9, **kw)
+
+    def loss(q_, k_, v_):  # <O, dout>: its gradient is the VJP with dout
+        return float((ref.attention_naive(q_, k_, v_, causal, 0.9, **kw)[0] * dout).sum())
+
+    eps = 1e-6
+    for which, (x, g) in enumerate(zip((q, k, v), grads)):
+        fd = np.zeros_like(x)
+        for idx in np.ndindex(x.shape):
+            args = [q, k, v]
+            plus, minus = x.copy(), x.copy()
+            plus[idx] += eps
+            minus[idx] -= eps
+            args[which] = plus
+            lp = loss(*args)
+            args[which] = minus
+            fd[idx] = (lp - loss(*args)) / (2 * eps)
+        np.testing.assert_allclose(g, fd, rtol=0, atol=1e-7)
+
+
+def test_same_dtype_references_take_the_features():
+    """The yardsticks of the accuracy rule, with the features: close to float64 (bf16 error),
+    not equal."""
+    import ml_dtypes
+    rng = np.random.default_rng(5)
+    q, k, v, dout, slopes = _case((1, 40, 50, 2, 1, 32, 0, 0), 0)
+    kw = dict(window_size=(9, 3), softcap=2.0, alibi_slopes=slopes)
+    bf = [x.astype(ml_dtypes.bfloat16) for x in (q, k, v, dout)]
+    O, _ = ref.attention_naive(*bf[:3], True, **kw)
+    O16 = ref.attention_naive_same_dtype(*bf[:3], True, **kw).astype(np.float64)
+    assert 0 < np.abs(O16 - O).max() < 0.05
+    g = ref.attention_backward_naive(bf[3], *bf[:3], True, **kw)
+    g16 = ref.attention_backward_naive_same_dtype(bf[3], *bf[:3], True, **kw)
+    for a, b in zip(g, g16):
+        assert 0 < np.abs(b.astype(np.float64) - a).max() < 0.1 * max(1.0, np.abs(a).max())
+    assert rng is not None
+
+
+# ---- variable length ---------------------------------------------------------------------
+
+def test_varlen_equals_each_sequence_alone():
+    """Packed sequences (one of them empty, one with no keys) attend within themselves, each
+    mask aligned on its own lengths; ALiBi slopes per batch entry."""
+    rng = np.random.default_rng(9)
+    lq, lk = [5, 0, 7, 3, 4], [6, 3, 7, 0, 9]
+    cq, ck = np.cumsum([0] + lq), np.cumsum([0] + lk)
+    h, hk, d = 4, 2, 8
+    q, k, v = _rand(rng, cq[-1], h, d), _rand(rng, ck[-1], hk, d), _rand(rng, ck[-1], hk, d)
+    dout = _rand(rng, cq[-1], h, d)
+    slopes = rng.uniform(0.1, 0.5, (len(lq), h))
+    kw = dict(window_size=(3, -1), softcap=1.0, alibi_slopes=slopes)
+    O, L = ref.attention_naive_varlen(q, k, v, cq, ck, True, **kw)
+    dq, dk, dv = ref.attention_backward_naive_varlen(dout, q, k, v, cq, ck, True, **kw)
+    assert O.shape == q.shape and L.shape == (h, cq[-1])
+    for b in range(len(lq)):
+        qs, ks = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        kw_b = dict(kw, alibi_slopes=slopes[b])
+        O_b, L_b = ref.attention_naive(q[None, qs], k[None, ks], v[None, ks], True, **kw_b)
+        np.testing.assert_array_equal(O[qs], O_b[0])
+        np.testing.assert_array_equal(L[:, qs], L_b[0])
+        g = ref.attention_backward_naive(dout[None, qs], q[None, qs], k[None, ks], v[None, ks],
+                                         True, **kw_b)
+        np.testing.assert_array_equal(dq[qs], g[0][0])
+        np.testing.assert_array_equal(dk[ks], g[1][0])
+    # the sequence with no keys: O = 0, L = -inf
+    assert (O[cq[3]:cq[4]] == 0).all() and np.isneginf(L[:, cq[3]:cq[4]]).all()
+
+
+@pytest.mark.parametrize("cu,total,msg", [
+    ([0, 3, 2, 5], 5, "never decrease"), ([1, 5], 5, "start at 0"), ([0, 4], 5, "end at 5"),
+    ([0], 0, "length batch"), ([[0, 1]], 1, "1-D"), ([0.0, 1.0], 1, "integer")])
+def test_cu_seqlens_are_checked(cu, total, msg):
+    with pytest.raises(ValueError, match=msg):
+        ref.check_cu_seqlens(cu, total)
+    assert ref.check_cu_seqlens(np.array([0, 0, 3], np.int32), 3).dtype == np.int64
