@@ -233,6 +233,28 @@ def _check_flag(name: str, value) -> bool:
     raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
+def _window(causal: bool, window_size, seqlen_q: int, seqlen_k: int) -> tuple:
+    """(causal, local, left, right) of a call's mask, for the kernels' Mask<causal, local>
+    (kernels/mask.cuh) and the parameters' window_left / window_right. window_size = (left,
+    right), FlashAttention-2's convention: query i sees key j iff i + seqlen_k - seqlen_q -
+    left <= j <= i + seqlen_k - seqlen_q + right; -1 leaves a side unbounded; causal forces
+    right = 0. Without a left side the window is the plain or the causal mask; a right side
+    other than causal's 0 takes the local kernels with a left side past every key."""
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, (int, np.integer)) and not isinstance(w, (bool, np.bool_))
+                       and w >= -1 for w in window_size)):
+        raise ValueError(f"window_size must be a pair (left, right) of ints >= -1 (-1: "
+                         f"unbounded), got {window_size!r}")
+    left, right = int(window_size[0]), int(window_size[1])
+    if causal:
+        right = 0
+    if left < 0 and (right < 0 or causal):
+        return causal, False, 0, 0
+    if left < 0:
+        left = seqlen_q + seqlen_k  # (a left side no row reaches)
+    return right >= 0, True, left, max(right, 0)
+
+
 def _check_qkv(q, k, v):
     """(cupy, device id, (strides, rows_aligned) as _check_shapes returns them)."""
     cupy = _cupy()
@@ -294,7 +316,8 @@ ALGORITHMS = ("fa2", "fa1")
 
 
 def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *,
-            out=None, lse=None, algorithm: str = "fa2", verbose: bool = False):
+            window_size=(-1, -1), out=None, lse=None, algorithm: str = "fa2",
+            verbose: bool = False):
     """FlashAttention-2 forward: ``out = softmax(softmax_scale * q k^T [+ causal mask]) v``.
 
     Parameters
@@ -308,6 +331,11 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
         Mask aligned to the bottom-right corner: query i sees key j iff
         ``j <= i + seqlen_k - seqlen_q``. Rows that see no key get out = 0, lse = -inf.
     softmax_scale : float, default ``1 / sqrt(headdim)``; finite, positive, float32-representable
+    window_size : (left, right), default (-1, -1)
+        A sliding window (FlashAttention-2's convention): query i sees key j iff
+        ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right``; -1 leaves a
+        side unbounded; ``causal=True`` is ``right = 0``. Blocks outside every row's window are
+        skipped. Not with ``algorithm="fa1"``.
     out, lse : optional preallocated outputs (shapes and dtypes as returned; ``out`` may have
         any strides with a contiguous last dim and must start on a 16-byte boundary, ``lse``
         must be contiguous). Neither may share memory with q, k, v or with the other.
@@ -345,10 +373,12 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
 
     Runs on CuPy's current stream, on the device that holds q.
     """
-    return _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, None)
+    return _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, None,
+                    window_size)
 
 
-def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, config):
+def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, config,
+             window_size=(-1, -1)):
     """forward(), with an explicit tile shape (`config`, a _plan.ForwardConfig or None for the
     planner's choice): the bench's and the tests' tuning hook."""
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
@@ -360,6 +390,10 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     scale = _softmax_scale(softmax_scale, d)
+    upper, local, left, right = _window(causal, window_size, seqlen_q, seqlen_k)
+    if local and algorithm == "fa1":
+        raise ValueError("window_size needs algorithm='fa2' (FlashAttention-1's kernel has no "
+                         "sliding window)")
 
     with _on_device(cupy, device_id):
         given = {}
@@ -394,18 +428,20 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
         hopper_tile = isinstance(config, _plan.Sm90ForwardConfig)
         if hopper_tile and _capability(cupy, device_id) != 90:
             raise ValueError("a Hopper tile (bench notation hBcxStages) needs an sm_90 GPU")
+        window = (upper, local, left, right)
         if (hopper_tile or config is None and _uses_sm90(cupy, device_id)) and seqlen_k > 0 \
-                and _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose,
+                and _forward_sm90(cupy, device_id, q, k, v, out, lse, window, scale, verbose,
                                   qkv_strides, out_strides, config if hopper_tile else None):
             return out, lse
         # The tile shape and compiled kernel for this (device, dtype, d, mask, short keys or
         # not), looked up once.
-        short = _plan.forward_short(HD, causal, seqlen_k)
+        short = not local and _plan.forward_short(HD, upper, seqlen_k)
         plan, kernels, params = _prepared(
-            _forward_launches, (device_id, q.dtype, d, causal, short, config),
+            _forward_launches, (device_id, q.dtype, d, upper, local, short, config),
             _registry.FA2_FORWARD,
-            lambda: _registry.fa2_forward_plan(_dtype_name(q.dtype), HD, causal,
-                                               _max_smem(cupy, device_id), seqlen_k, config))
+            lambda: _registry.fa2_forward_plan(_dtype_name(q.dtype), HD, upper,
+                                               _max_smem(cupy, device_id), seqlen_k, config,
+                                               local))
         cfg, kernel = plan.cfg, kernels["main"]
         grid = _registry.fa2_forward_grid(cfg, seqlen_q, nheads, batch)
         if verbose:
@@ -417,7 +453,7 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
                         lse=lse.data.ptr, q_strides=qs, k_strides=ks, v_strides=vs,
                         o_strides=out_strides, seqlen_q=seqlen_q, seqlen_k=seqlen_k, d=d,
                         group=nheads // nheads_k, softmax_scale=scale,
-                        scale_log2=scale * _LOG2E)
+                        scale_log2=scale * _LOG2E, window_left=left, window_right=right)
             kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr,
                    params)
     return out, lse
@@ -427,20 +463,22 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
 _forward_launches: dict = {}
 
 
-def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qkv_strides,
+def _forward_sm90(cupy, device_id, q, k, v, out, lse, window, scale, verbose, qkv_strides,
                   out_strides, config=None) -> bool:
     """The Hopper forward (kernels/fa2_forward_sm90.cu): TMA loads through tensor maps of q,
     k and v (cuflash/_tma.py, cached by address and layout), wgmma, warp specialisation.
     config: an explicit tile (the bench's), else the table's. Returns False, launching
-    nothing, where TMA cannot describe q, k or v (the portable kernel runs instead)."""
+    nothing, where TMA cannot describe q, k or v (the portable kernel runs instead). window:
+    (causal, local, left, right) as _window gives it."""
+    causal, local, left, right = window
     batch, seqlen_q, nheads, d = q.shape
     dtype_name = _dtype_name(q.dtype)
     short = config is None and _plan.sm90_forward_short(d, causal, k.shape[1])
     plan, kernels, params = _prepared(
-        _forward_launches, ("sm90", device_id, q.dtype, d, causal, config, short),
+        _forward_launches, ("sm90", device_id, q.dtype, d, causal, local, config, short),
         _registry.FA2_FORWARD_SM90,
         lambda: _registry.sm90_forward_plan(dtype_name, d, causal, config,
-                                            seqlen_k=1 if short else None))
+                                            seqlen_k=1 if short else None, local=local))
     cfg, kernel = plan.cfg, kernels["main"]
     maps = _tma.qkv_maps(q, k, v, qkv_strides, dtype_name, cfg.B_r, cfg.B_c,
                          bind=kernel.bind_thread)  # (encoding needs the context current)
@@ -463,7 +501,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, causal, scale, verbose, qk
                     k_strides=ks, v_strides=vs, o_strides=out_strides, seqlen_q=seqlen_q,
                     seqlen_k=k.shape[1], d=d, group=nheads // k.shape[2],
                     softmax_scale=scale, scale_log2=scale * _LOG2E, nheads=nheads,
-                    batch=batch, per_unit=per_unit)
+                    batch=batch, per_unit=per_unit, window_left=left, window_right=right)
         kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, params)
     return True
 
@@ -540,9 +578,11 @@ _fa1_launches: dict = {}
 
 
 def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, True),
-               backward: bool = True, fa1: bool = False, max_workers: int = 8) -> int:
+               backward: bool = True, fa1: bool = False, max_workers: int = 8,
+               windows: bool = False) -> int:
     """Compile (or load from CuPy's cache) the kernels for the current device ahead of time,
-    in parallel. Returns how many specialisations were prepared.
+    in parallel. Returns how many specialisations were prepared. windows: also the sliding
+    window kernels (otherwise compiled on their first use).
 
     Raises
     ------
@@ -568,8 +608,9 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
     names = list(dict.fromkeys(
         (v.source, name, v.options) for v in variants for dt in dtypes
         for HD in (sm90_buckets if v is _registry.FA2_FORWARD_SM90 else buckets)
-        for c in causal
-        for plan in v.plans(dt, HD, c, max_smem, bulk) for name in plan.kernels.values()))
+        for c in causal for local in ((False, True) if windows and v.windows else (False,))
+        for plan in v.plans(dt, HD, c, max_smem, bulk, **({"local": True} if local else {}))
+        for name in plan.kernels.values()))
 
     def build(item):
         with cupy.cuda.Device(device_id):
@@ -581,8 +622,8 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
 
 
 def backward(dout, q, k, v, out, lse, causal: bool = False,
-             softmax_scale: float | None = None, *, deterministic: bool = False,
-             dq=None, dk=None, dv=None):
+             softmax_scale: float | None = None, *, window_size=(-1, -1),
+             deterministic: bool = False, dq=None, dk=None, dv=None):
     """FlashAttention-2 backward: gradients of ``out = forward(q, k, v, ...)`` given ``dout``.
 
     Recomputes S and P block by block from q, k and the forward's ``lse`` (no N x N matrix is
@@ -593,7 +634,7 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
     dout : cupy.ndarray, the gradient of ``out``; q's shape and dtype
     q, k, v : the forward's inputs (same rules as :func:`forward`)
     out, lse : the forward's outputs
-    causal, softmax_scale : as given to the forward
+    causal, softmax_scale, window_size : as given to the forward
     deterministic : bool
         Bitwise-identical gradients on every run (dQ is summed in a fixed order instead of by
         racing atomics); 0.97-1.14x the default's time on the H200, see PERFORMANCE.md.
@@ -613,11 +654,11 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
         for ``deterministic=True`` without the causal mask on sm_90 past 65535 key blocks.
     """
     return _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq, dk, dv,
-                     None)
+                     None, window_size)
 
 
 def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq, dk, dv,
-              config):
+              config, window_size=(-1, -1)):
     """backward(), with an explicit tile shape (`config`, a _plan.BackwardConfig or None for
     the planner's choice): the bench's and the tests' tuning hook."""
     causal = _check_flag("causal", causal)
@@ -631,6 +672,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         _check_layout(name, x)
     _check_given(cupy, "lse", lse, (batch, nheads, seqlen_q), np.float32, q, True)
     scale = _softmax_scale(softmax_scale, d)
+    causal, local, left, right = _window(causal, window_size, seqlen_q, seqlen_k)
 
     with _on_device(cupy, device_id):
         grads, given = [], {}
@@ -656,11 +698,12 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         def make_plan():
             max_smem, bulk = _max_smem(cupy, device_id), _has_bulk_copy(cupy, device_id)
             HD = _plan.backward_head_dim_bucket(d)
-            cfg = config or _plan.backward_config(HD, max_smem, bulk)
+            cfg = config or _plan.backward_config(HD, max_smem, bulk, local)
             return _registry.fa2_backward_plan(_dtype_name(q.dtype), HD, causal, max_smem,
-                                               bulk, bool(deterministic and cfg.dq_bulk), cfg)
+                                               bulk, bool(deterministic and cfg.dq_bulk), cfg,
+                                               local)
         plan, kernels, params = _prepared(
-            _backward_launches, (device_id, q.dtype, d, causal, deterministic, config),
+            _backward_launches, (device_id, q.dtype, d, causal, local, deterministic, config),
             _registry.FA2_BACKWARD, make_plan)
         cfg, pre, main, fin = plan.cfg, kernels["pre"], kernels["main"], kernels["dq"]
         ordered = bool(deterministic and cfg.dq_bulk)
@@ -710,7 +753,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
                         group=group, nheads=nheads, head_parts=parts,
                         deterministic=int(deterministic), splits=splits,
                         dq_accum_cols=cfg.HD, lanes=lanes, softmax_scale=scale,
-                        scale_log2=scale * _LOG2E)
+                        scale_log2=scale * _LOG2E, window_left=left, window_right=right)
             # 1. D = rowsum(dO ∘ O)
             pre(_registry.backward_preprocess_grid(seqlen_q, lanes, nheads, batch), 128, 0,
                 stream, params)
@@ -730,7 +773,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
 _backward_launches: dict = {}
 
 def attention_with_vjp(q, k, v, causal: bool = False, softmax_scale: float | None = None,
-                       deterministic: bool = False):
+                       deterministic: bool = False, window_size=(-1, -1)):
     """``out, vjp = attention_with_vjp(q, k, v)``; ``dq, dk, dv = vjp(dout)``.
 
     For custom autodiff code: the closure keeps only q, k, v, out and lse (the float32
@@ -744,7 +787,8 @@ def attention_with_vjp(q, k, v, causal: bool = False, softmax_scale: float | Non
     As :func:`forward` and :func:`backward`.
     """
     deterministic = _check_flag("deterministic", deterministic)
-    out, lse = forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    out, lse = forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                       window_size=window_size)
     cupy = _cupy()
     with _on_device(cupy, q.data.device_id):
         written = cupy.cuda.Event(block=False, disable_timing=True)
@@ -754,7 +798,7 @@ def attention_with_vjp(q, k, v, causal: bool = False, softmax_scale: float | Non
         with _on_device(cupy, q.data.device_id):
             cupy.cuda.get_current_stream().wait_event(written)
         return backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
-                        deterministic=deterministic)
+                        window_size=window_size, deterministic=deterministic)
 
     return out, vjp
 

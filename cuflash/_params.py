@@ -117,6 +117,11 @@ _SIZES = [Field("seqlen_q", "i32", "query rows per batch entry"),
           Field("group", "i32", "query heads per kv head (head h reads kv head h / group)")]
 _SCALES = [Field("softmax_scale", "f32", "scale of S = Q K^T"),
            Field("scale_log2", "f32", "softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)")]
+# A sliding window's sides (mask.cuh, read only by Mask<*, LOCAL = true>): a row sees the keys
+# from window_left before its diagonal to window_right after it.
+_WINDOW = [Field("window_left", "i32", "LOCAL masks: keys before the diagonal", "", 0),
+           Field("window_right", "i32", "LOCAL masks: keys after the diagonal (CAUSAL: >= 0)",
+                 "", 0)]
 
 FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
     *_QKV,
@@ -128,6 +133,7 @@ FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
     *_QKVO_STRIDES,
     *_SIZES,
     *_SCALES,
+    *_WINDOW,
 ])
 
 # ---- the Hopper forward: fa2_forward_sm90 ----------------------------------------------------
@@ -168,6 +174,7 @@ BWD = Struct("BwdParams", "Backward kernels (fa2_backward.cu).", [
     Field("dq_accum_cols", "i32", "row pitch of dq_accum (the head-dim bucket)"),
     Field("lanes", "i32", "preprocess: lanes per query row (a power of two >= d / 8)"),
     *_SCALES,
+    *_WINDOW,
 ])
 
 STRUCTS = (FWD, BWD, SM90_FWD)

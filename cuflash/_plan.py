@@ -74,13 +74,17 @@ class ForwardConfig:
                 f"{self.tile_type}::REBUILD == {str(self.rebuild).lower()}"]
 
 
-def mask_type(causal: bool) -> str:
-    """The kernels' Mask (kernels/mask.cuh): which keys each query row sees."""
-    return f"cuflash::Mask<{'true' if causal else 'false'}>"
+def mask_type(causal: bool, local: bool = False) -> str:
+    """The kernels' Mask (kernels/mask.cuh): which keys each query row sees. causal: an upper
+    limit (the causal diagonal, or a window's right side); local: a lower limit (a window's
+    left side; the sides come from the parameters)."""
+    return f"cuflash::Mask<{'true' if causal else 'false'}{', true' if local else ''}>"
 
 
-def forward_kernel_name(dtype_name: str, cfg: ForwardConfig, causal: bool) -> str:
-    return f"cuflash::fa2_forward<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, {mask_type(causal)}>"
+def forward_kernel_name(dtype_name: str, cfg: ForwardConfig, causal: bool,
+                        local: bool = False) -> str:
+    return (f"cuflash::fa2_forward<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
+            f"{mask_type(causal, local)}>")
 
 
 FORWARD_FILE = "fa2_forward.cu"
@@ -338,6 +342,13 @@ def _table() -> dict:
     put("sm80", "fwd", 128, None, [_f(128, 64, 128, 4, 1)])
     put("sm90", "fwd", 128, False, [_f(128, 128, 64, 4, 2), _f(128, 64, 128, 4, 1)])
     put("sm90", "fwd", 128, True, [_f(128, 64, 128, 4, 1)])
+    # fwd_local, bwd_local: sliding windows (Mask<*, LOCAL = true>), where the usual tile
+    # spills with the window's lower limit (the other buckets take their usual tiles). Chosen
+    # for zero spills, not yet for speed.
+    for cls in ("sm80", "sm90"):
+        put(cls, "fwd_local", 32, None, [_f(32, 64, 64, 4, 1)])
+        put(cls, "fwd_local", 96, None, [_f(96, 64, 128, 4, 2), _f(96, 64, 128, 4, 1)])
+        put(cls, "fwd_local", 128, None, [_f(128, 64, 128, 4, 1)])
 
     # backward: (B_r, B_c, warps, WM_SDP, WM_DKV, WM_DQ, row-block buffers, dQ tiles; 0 =
     # atomics); the head-dim bucket of the kernel first
@@ -375,6 +386,7 @@ def _table() -> dict:
     for HD in HEAD_DIM_BUCKETS:
         put("sm80", "bwd", HD, None, atomics[HD])
         put("sm90", "bwd", HD, None, bulk[HD] + atomics[HD])
+    put("sm90", "bwd_local", 64, None, bulk[64][1:] + atomics[64])
 
     # the Hopper forward (class sm90a: H100/H200, kernels/fa2_forward_sm90.cu), one tile per
     # bucket and mask, from the H200 sweep of 2026-11-30 (bf16, kernel timing,
@@ -449,9 +461,10 @@ def sm90_forward_configs(d: int, causal: bool) -> list[Sm90ForwardConfig]:
     return list(dict.fromkeys(sm90_forward_config(d, causal, n) for n in (None, 1)))
 
 
-def sm90_forward_kernel_name(dtype_name: str, cfg: Sm90ForwardConfig, causal: bool) -> str:
+def sm90_forward_kernel_name(dtype_name: str, cfg: Sm90ForwardConfig, causal: bool,
+                             local: bool = False) -> str:
     return (f"cuflash::fa2_forward_sm90<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
-            f"{mask_type(causal)}>")
+            f"{mask_type(causal, local)}>")
 
 
 SM90_FORWARD_FILE = "fa2_forward_sm90.cu"
@@ -486,17 +499,23 @@ def forward_short(HD: int, causal: bool, seqlen_k: int | None) -> bool:
 
 
 def forward_config(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM,
-                   seqlen_k: int | None = None) -> ForwardConfig:
+                   seqlen_k: int | None = None, local: bool = False) -> ForwardConfig:
     """The forward tile for head-dim bucket HD on a device allowing `max_smem_bytes` of dynamic
-    shared memory per block (for keys of length `seqlen_k`, where given)."""
-    pass_ = "fwd_short" if forward_short(HD, causal, seqlen_k) else "fwd"
-    return _first_fitting((gpu_class(max_smem_bytes), pass_, HD, bool(causal)), max_smem_bytes)
+    shared memory per block (for keys of length `seqlen_k`, where given; local: a sliding
+    window's kernel)."""
+    cls = gpu_class(max_smem_bytes)
+    if local and (cls, "fwd_local", HD, bool(causal)) in TILES:
+        return _first_fitting((cls, "fwd_local", HD, bool(causal)), max_smem_bytes)
+    pass_ = "fwd_short" if not local and forward_short(HD, causal, seqlen_k) else "fwd"
+    return _first_fitting((cls, pass_, HD, bool(causal)), max_smem_bytes)
 
 
-def forward_plans(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM) -> list[ForwardConfig]:
+def forward_plans(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM,
+                  local: bool = False) -> list[ForwardConfig]:
     """Every tile forward_config can pick for bucket HD on such a device: the usual one and,
     where the bucket has one, the short-key one (distinct, in that order)."""
-    return list(dict.fromkeys(forward_config(HD, causal, max_smem_bytes, n) for n in (None, 1)))
+    return list(dict.fromkeys(forward_config(HD, causal, max_smem_bytes, n, local)
+                              for n in (None, 1)))
 
 
 def backward_configs(HD: int, bulk: bool = False) -> list[BackwardConfig]:
@@ -506,11 +525,14 @@ def backward_configs(HD: int, bulk: bool = False) -> list[BackwardConfig]:
 
 
 def backward_config(HD: int, max_smem_bytes: int = 227 * 1024,
-                    bulk: bool = False) -> BackwardConfig:
+                    bulk: bool = False, local: bool = False) -> BackwardConfig:
     """The backward tile for head-dim bucket HD on a device allowing `max_smem_bytes` per
     block; bulk: the device has the bulk copy engine (sm_90+, see has_bulk_copy). Only the
-    sm90 class (227 KB) takes bulk tiles; `bulk=False` forces the dQ-atomics tiles."""
+    sm90 class (227 KB) takes bulk tiles; `bulk=False` forces the dQ-atomics tiles. local: a
+    sliding window's kernels."""
     cls = "sm90" if bulk and gpu_class(max_smem_bytes) == "sm90" else "sm80"
+    if local and (cls, "bwd_local", HD, False) in TILES:
+        return _first_fitting((cls, "bwd_local", HD, False), max_smem_bytes)
     return _first_fitting((cls, "bwd", HD, False), max_smem_bytes)
 
 
@@ -540,26 +562,27 @@ def config_from_shape(which: str, d: int, shape: str, bulk: bool = False):
 
 
 def backward_kernel_name(dtype_name: str, cfg: BackwardConfig, causal: bool,
-                         ordered: bool = False) -> str:
+                         ordered: bool = False, local: bool = False) -> str:
     """ordered: the deterministic mode's kernel with ordered dQ additions (cfg.dq_bulk only;
     with dQ atomics the deterministic mode runs the default kernel on split slices)."""
     if ordered and not cfg.dq_bulk:
         raise ValueError("ordered dQ additions need the bulk dQ reduction")
     return (f"cuflash::fa2_backward<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
-            f"{mask_type(causal)}, {'true' if ordered else 'false'}>")
+            f"{mask_type(causal, local)}, {'true' if ordered else 'false'}>")
 
 
 def backward_preprocess_name(dtype_name: str) -> str:
     return f"cuflash::fa2_backward_preprocess<{ELEMENT_TAGS[dtype_name]}>"
 
 
-def backward_dq_name(dtype_name: str, cfg: BackwardConfig, causal: bool) -> str:
+def backward_dq_name(dtype_name: str, cfg: BackwardConfig, causal: bool,
+                     local: bool = False) -> str:
     """The kernel that turns dQ_accum into dQ (its layout depends on cfg.dq_bulk; the bulk
     layout's pass also needs the mask: in the ordered mode row blocks no key reaches are
     never written)."""
     if cfg.dq_bulk:
         return (f"cuflash::fa2_backward_dq_bulk<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
-                f"{mask_type(causal)}>")
+                f"{mask_type(causal, local)}>")
     return f"cuflash::fa2_backward_dq<{ELEMENT_TAGS[dtype_name]}>"
 
 

@@ -686,7 +686,10 @@ fa2_backward(const BwdParams p) {
                     load_row_block(i + 1, buf ^ 1, ROW_QLD);
                     cp_async_commit();
                 }
-                if (block_needs_mask<B_r, B_c>(
+                // (sliding windows: every block through the masked step, one copy of its
+                // code, as in the forward)
+                if (MaskT::LOCAL ||
+                    block_needs_mask<B_r, B_c>(
                         MaskT(p, rows_opaque(seqlen_q), rows_opaque(seqlen_k)), i, j) ||
                     (i + 1) * B_r > seqlen_q)
                     step(i, buf, Bool<true>{});
@@ -808,8 +811,11 @@ fa2_backward_dq_bulk(const BwdParams p) {
     if (col >= d) return;  // the zero padding of the head dim
     const float* src = p.dq_accum + ((long long)batch * nheads + head) * T_r * FRAGS * 4 + f * 4;
     // (without a mask that hides keys from whole row blocks, every row block is written)
-    const bool written = !p.deterministic || !MaskT::CAUSAL ||
-                         column_blocks<B_r, B_c>(MaskT(p, seqlen_q, seqlen_k), i).end > 0;
+    bool written = !p.deterministic || !(MaskT::CAUSAL || MaskT::LOCAL);
+    if (!written) {
+        const ColumnBlocks cb = column_blocks<B_r, B_c>(MaskT(p, seqlen_q, seqlen_k), i);
+        written = cb.end > cb.begin;
+    }
     const Float4 v = written ? *reinterpret_cast<const Float4*>(src) : Float4{0.f, 0.f, 0.f, 0.f};
     const float acc[4] = {v.x, v.y, v.z, v.w};
     elem_t* out = p.dq + seq_info(p, batch).q_offset(p.dq_stride_b, p.dq_stride_s) +

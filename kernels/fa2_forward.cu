@@ -34,7 +34,7 @@
 //   HD       32, 64, ..., 256                 head-dim bucket; the real d (multiple of 8, <= HD)
 //                                            is zero-padded inside shared memory
 //   Tile = ForwardTile<HD, B_r, B_c, NWARPS, KV_STAGES>: tile shape and K/V buffers
-//   MaskT = Mask<CAUSAL>                     which keys each row sees (mask.cuh); causal blocks
+//   MaskT = Mask<CAUSAL, LOCAL>              which keys each row sees (mask.cuh); causal blocks
 //                                            fully above the diagonal are skipped
 #include "common.cuh"
 #include "params.cuh"
@@ -332,12 +332,17 @@ fa2_forward(const FwdParams p) {
     // the ragged end of K).
     int j = cb.begin;
     bool first = true;  // step j == cb.begin (SPLIT_V0 waits for V_j separately there)
-    if constexpr (MaskT::LOCAL)
-        for (; j < cb.unmasked_begin; ++j, first = false) step(j, Bool<true>{}, first);
-    for (; j < masked_begin(); ++j, first = false)
-        step(j, Bool<false>{}, first);  // blocks every row sees whole
-    for (; j < end(); ++j, first = false)
-        step(j, Bool<true>{}, first);   // diagonal / ragged-end blocks
+    if constexpr (MaskT::LOCAL) {
+        // (sliding windows: every visited block through the masked step, one copy of its
+        // code; a second, unmasked copy for the window's inside pushed the tightest tiles
+        // into spills)
+        for (; j < end(); ++j, first = false) step(j, Bool<true>{}, first);
+    } else {
+        for (; j < masked_begin(); ++j, first = false)
+            step(j, Bool<false>{}, first);  // blocks every row sees whole
+        for (; j < end(); ++j, first = false)
+            step(j, Bool<true>{}, first);   // diagonal / ragged-end blocks
+    }
 
     // ---- epilogue: O_i = diag(l_i)^-1 O~_i, L_i = m_i + log(l_i) ---------------------------
     // A row block that sees no key (causal, seqlen_q > seqlen_k) visits no column block, and

@@ -45,7 +45,7 @@
 //   Tile = ForwardTileSm90<HD, B_c, STAGES, OVERLAP>: HD the head dim padded to a multiple of 64
 //            (the real d is zero-filled by TMA past its end), B_c keys per column block, STAGES
 //            K/V slots, OVERLAP the intra-warpgroup overlap of S_(j+1) with softmax_j
-//   MaskT = Mask<CAUSAL>
+//   MaskT = Mask<CAUSAL, LOCAL> (LOCAL: a sliding window's lower limit)
 #include "common.cuh"
 #include "hopper.cuh"
 #include "params.cuh"

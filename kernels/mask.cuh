@@ -2,13 +2,17 @@
 //
 // One function, Mask::keys(row), gives the key range [lo, hi] of a query row; every element
 // mask in every kernel and every block range (block_range.cuh) is computed from it, and
-// cuflash/reference.py mirrors it (`key_range`). Masks are limits of that range:
+// cuflash/reference.py mirrors it (`Mask.keys`). Masks are limits of that range, counted from
+// the row's diagonal key row + seqlen_k - seqlen_q (aligned to the bottom-right corner as in
+// FlashAttention-2, so that when seqlen_q > seqlen_k the first causal rows see nothing: their
+// output is 0 and their log-sum-exp -inf):
 //   - the end of K:    hi <= seqlen_k - 1;
-//   - causal (CAUSAL): hi <= row + seqlen_k - seqlen_q, aligned to the bottom-right corner as
-//                      in FlashAttention-2, so that when seqlen_q > seqlen_k the first rows see
-//                      nothing (their output is 0 and their log-sum-exp -inf);
-//   - LOCAL (reserved for sliding windows): a lower limit lo > 0. No kernel instantiates it yet;
-//     where it is false every test of lo compiles away.
+//   - CAUSAL:          an upper limit, hi <= diagonal + right; right = 0 (causal) unless the
+//                      mask is also LOCAL, which reads it from the parameters (a window's right
+//                      side, >= 0);
+//   - LOCAL:           a lower limit, lo >= diagonal - left (a sliding window's left side;
+//                      p.window_left, p.window_right). Where it is false every test of lo
+//                      compiles away.
 // A new mask changes this header, the reference and the API: the kernels take the Mask type as
 // a template parameter and ask it.
 #pragma once
@@ -25,14 +29,15 @@ struct KeyRange {
 template <bool CAUSAL_, bool LOCAL_ = false>
 struct Mask {
     static constexpr bool CAUSAL = CAUSAL_, LOCAL = LOCAL_;
-    static_assert(!LOCAL, "local (sliding-window) masks are not implemented yet");
     int seqlen_q, seqlen_k;
+    int left, right;  // LOCAL: the window's sides (0 otherwise, and never read)
 
-    // The mask of one batch entry (its lengths, from SeqInfo); the kernel's parameter struct
-    // will carry the mask's own parameters (a window's sizes), read here and nowhere else.
+    // The mask of one batch entry (its lengths, from SeqInfo); the window's sides come from
+    // the kernel's parameter struct, read here and nowhere else.
     template <class Params>
-    __device__ __forceinline__ Mask(const Params& /*p*/, int seqlen_q_, int seqlen_k_)
-        : seqlen_q(seqlen_q_), seqlen_k(seqlen_k_) {}
+    __device__ __forceinline__ Mask(const Params& p, int seqlen_q_, int seqlen_k_)
+        : seqlen_q(seqlen_q_), seqlen_k(seqlen_k_), left(LOCAL ? p.window_left : 0),
+          right(LOCAL ? p.window_right : 0) {}
 
     // The keys query row `row` sees. (The formula is the static keys_of, which takes the mask
     // by value: block_range.cuh calls it so. Reading the fields through `this` there changed
@@ -40,17 +45,21 @@ struct Mask {
     // PERFORMANCE.md, 2026-11-30.)
     __device__ __forceinline__ KeyRange keys(int row) const { return keys_of(*this, row); }
     static __device__ __forceinline__ KeyRange keys_of(const Mask m, int row) {
-        int hi = m.seqlen_k - 1;
-        if (CAUSAL) hi = min(hi, row + m.seqlen_k - m.seqlen_q);
-        return {0, hi};
+        int hi = m.seqlen_k - 1, lo = 0;
+        if (CAUSAL) hi = min(hi, row + m.seqlen_k - m.seqlen_q + (LOCAL ? m.right : 0));
+        if (LOCAL) lo = max(0, row + m.seqlen_k - m.seqlen_q - m.left);
+        return {lo, hi};
     }
     // The first query row that sees a key in [col_lo, col_hi] (rows further down see keys
     // further right; the backward's row ranges).
     __device__ __forceinline__ int first_row(int col_lo) const {
-        return CAUSAL ? max(0, col_lo - (seqlen_k - seqlen_q)) : 0;
+        return CAUSAL ? max(0, col_lo - (seqlen_k - seqlen_q) - (LOCAL ? right : 0)) : 0;
     }
-    // The last query row that sees a key in [col_lo, col_hi] (a lower limit cuts rows below).
-    __device__ __forceinline__ int last_row(int /*col_hi*/) const { return seqlen_q - 1; }
+    // The last query row that sees a key in [col_lo, col_hi] (a lower limit cuts rows below;
+    // negative when no row does).
+    __device__ __forceinline__ int last_row(int col_hi) const {
+        return LOCAL ? min(seqlen_q - 1, col_hi - (seqlen_k - seqlen_q) + left) : seqlen_q - 1;
+    }
     // The element mask: whether key `col` is hidden from a row whose key range is [lo, hi]
     // (all three counted from the same origin, usually the lane's first column of the block).
     static __device__ __forceinline__ bool hidden(int col, int lo, int hi) {

@@ -34,8 +34,10 @@ struct FwdParams {
     int group;                      // query heads per kv head (head h reads kv head h / group)
     float softmax_scale;            // scale of S = Q K^T
     float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
+    int window_left;                // LOCAL masks: keys before the diagonal
+    int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: >= 0)
 };
-static_assert(sizeof(FwdParams) == 184, "FwdParams: size differs from cuflash/_params.py");
+static_assert(sizeof(FwdParams) == 192, "FwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(FwdParams, q) == 0, "FwdParams.q");
 static_assert(__builtin_offsetof(FwdParams, k) == 8, "FwdParams.k");
@@ -63,6 +65,8 @@ static_assert(__builtin_offsetof(FwdParams, d) == 168, "FwdParams.d");
 static_assert(__builtin_offsetof(FwdParams, group) == 172, "FwdParams.group");
 static_assert(__builtin_offsetof(FwdParams, softmax_scale) == 176, "FwdParams.softmax_scale");
 static_assert(__builtin_offsetof(FwdParams, scale_log2) == 180, "FwdParams.scale_log2");
+static_assert(__builtin_offsetof(FwdParams, window_left) == 184, "FwdParams.window_left");
+static_assert(__builtin_offsetof(FwdParams, window_right) == 188, "FwdParams.window_right");
 #endif
 
 // Backward kernels (fa2_backward.cu).
@@ -112,8 +116,10 @@ struct BwdParams {
     int lanes;                      // preprocess: lanes per query row (a power of two >= d / 8)
     float softmax_scale;            // scale of S = Q K^T
     float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
+    int window_left;                // LOCAL masks: keys before the diagonal
+    int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: >= 0)
 };
-static_assert(sizeof(BwdParams) == 312, "BwdParams: size differs from cuflash/_params.py");
+static_assert(sizeof(BwdParams) == 320, "BwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(BwdParams, q) == 0, "BwdParams.q");
 static_assert(__builtin_offsetof(BwdParams, k) == 8, "BwdParams.k");
@@ -160,6 +166,8 @@ static_assert(__builtin_offsetof(BwdParams, dq_accum_cols) == 296, "BwdParams.dq
 static_assert(__builtin_offsetof(BwdParams, lanes) == 300, "BwdParams.lanes");
 static_assert(__builtin_offsetof(BwdParams, softmax_scale) == 304, "BwdParams.softmax_scale");
 static_assert(__builtin_offsetof(BwdParams, scale_log2) == 308, "BwdParams.scale_log2");
+static_assert(__builtin_offsetof(BwdParams, window_left) == 312, "BwdParams.window_left");
+static_assert(__builtin_offsetof(BwdParams, window_right) == 316, "BwdParams.window_right");
 #endif
 
 // Hopper forward kernel (fa2_forward_sm90.cu).
@@ -193,6 +201,8 @@ struct Sm90FwdParams {
     int group;                      // query heads per kv head (head h reads kv head h / group)
     float softmax_scale;            // scale of S = Q K^T
     float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
+    int window_left;                // LOCAL masks: keys before the diagonal
+    int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: >= 0)
     int nheads;                     // query heads (the persistent grid's tiles)
     int batch;                      // batch entries (the persistent grid's tiles)
     int per_unit;                   // tiles per unit of work: 1, or 2 (causal rows T_r-1-r and r)
@@ -228,9 +238,11 @@ static_assert(__builtin_offsetof(Sm90FwdParams, d) == 552, "Sm90FwdParams.d");
 static_assert(__builtin_offsetof(Sm90FwdParams, group) == 556, "Sm90FwdParams.group");
 static_assert(__builtin_offsetof(Sm90FwdParams, softmax_scale) == 560, "Sm90FwdParams.softmax_scale");
 static_assert(__builtin_offsetof(Sm90FwdParams, scale_log2) == 564, "Sm90FwdParams.scale_log2");
-static_assert(__builtin_offsetof(Sm90FwdParams, nheads) == 568, "Sm90FwdParams.nheads");
-static_assert(__builtin_offsetof(Sm90FwdParams, batch) == 572, "Sm90FwdParams.batch");
-static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 576, "Sm90FwdParams.per_unit");
+static_assert(__builtin_offsetof(Sm90FwdParams, window_left) == 568, "Sm90FwdParams.window_left");
+static_assert(__builtin_offsetof(Sm90FwdParams, window_right) == 572, "Sm90FwdParams.window_right");
+static_assert(__builtin_offsetof(Sm90FwdParams, nheads) == 576, "Sm90FwdParams.nheads");
+static_assert(__builtin_offsetof(Sm90FwdParams, batch) == 580, "Sm90FwdParams.batch");
+static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 584, "Sm90FwdParams.per_unit");
 #endif
 
 }  // namespace cuflash

@@ -58,15 +58,18 @@ def make_qkv(shape_q, shape_k, dtype, strided, scale_q=1.0, scale_kv=1.0):
     return one(shape_q, scale_q), one(shape_k, scale_kv), one(shape_k, scale_kv)
 
 
-def run_and_check(q, k, v, causal, softmax_scale=None, factor=2.0, algorithm="fa2"):
+def run_and_check(q, k, v, causal, softmax_scale=None, factor=2.0, algorithm="fa2",
+                  window_size=(-1, -1)):
     b, sq, h, d = q.shape
     out = poisoned(cp, q.shape, q.dtype)
     lse = poisoned(cp, (b, h, sq), cp.float32)
     out2, lse2 = cuflash.forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                 out=out, lse=lse, algorithm=algorithm)
+                                 out=out, lse=lse, algorithm=algorithm, window_size=window_size)
     assert out2 is out and lse2 is lse
-    O_ref, L_ref = reference.attention_naive(q, k, v, causal, softmax_scale)
-    naive = reference.attention_naive_same_dtype(q, k, v, causal, softmax_scale)
+    O_ref, L_ref = reference.attention_naive(q, k, v, causal, softmax_scale,
+                                             window_size=window_size)
+    naive = reference.attention_naive_same_dtype(q, k, v, causal, softmax_scale,
+                                                 window_size=window_size)
     errs = assert_accurate(cp, out, naive, O_ref, factor, "out")
     assert_lse(cp, lse, L_ref)
     return out, lse, errs
@@ -168,6 +171,26 @@ def test_long_key_sequences(dt, causal, d, family):
     SHORT_KEYS), so that each bucket's usual tile runs too; odd lengths, GQA."""
     q, k, v = make_qkv((1, 259, 4, d), (1, 4099, 2, d), DTYPES[dt], False)
     run_and_check(q, k, v, causal)
+
+
+WINDOWS = [(0, 0), (5, 0), (64, -1), (127, 3), (-1, 17), (300, 300), (1000, 0)]
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_sliding_windows(window, causal, d, family):
+    """Sliding windows (FlashAttention-2's window_size) through both families: odd lengths
+    both ways, GQA, rows at the edges that see no key (out = 0, lse = -inf)."""
+    for sq, sk, dt in ((259, 1031, "bf16"), (700, 301, "fp16")):
+        q, k, v = make_qkv((1, sq, 4, d), (1, sk, 2, d), DTYPES[dt], False)
+        run_and_check(q, k, v, causal, window_size=window)
+
+
+def test_window_of_256_over_16k_keys(family):
+    """A long sequence, where the window skips almost every block (the speed is in bench/)."""
+    q, k, v = make_qkv((1, 257, 2, 128), (1, 16384, 2, 128), DTYPES["bf16"], False)
+    run_and_check(q, k, v, True, window_size=(256, 0))
 
 
 @pytest.mark.parametrize("dt", DTYPES)

@@ -286,3 +286,60 @@ def test_tma_describes_only_aligned_layouts():
     assert not _tma.usable(256, shape, (100 * 4 * 64, 4 * 64, 60), 2)  # head stride 120 B
     assert not _tma.usable(256, shape, (0, 4 * 64, 64), 2)      # a broadcast batch axis
     assert _tma.usable(256, (1, 100, 1, 64), (3, 64, 5), 2)     # length-1 axes: any stride
+
+
+@pytest.mark.parametrize("window,causal,expect", [
+    ((-1, -1), False, (False, False, 0, 0)),    # no window: the plain kernels
+    ((-1, -1), True, (True, False, 0, 0)),      # causal
+    ((-1, 7), True, (True, False, 0, 0)),       # causal overrides the right side
+    ((16, -1), False, (False, True, 16, 0)),    # a left side only
+    ((16, 4), False, (True, True, 16, 4)),      # both sides
+    ((16, 4), True, (True, True, 16, 0)),       # causal, with a left side
+    ((-1, 4), False, (True, True, 333 + 700, 4)),  # a right side only: left past every key
+    ((0, 0), False, (True, True, 0, 0)),        # the diagonal alone
+])
+@pytest.mark.parametrize("family", ["portable", "sm90"])
+def test_window_picks_the_mask_and_packs_its_sides(fake, monkeypatch, family, window, causal,
+                                                   expect):
+    """window_size -> the kernels' Mask<causal, local> and window_left / window_right, in the
+    portable forward, the Hopper forward and the backward."""
+    monkeypatch.setattr(_tma, "_encode", lambda addr, *a: 0)
+    upper, local, left, right = expect
+    q, k, v = _qkv(2, 333, 700, 8, 2, 128)
+    if family == "portable":
+        with _api.portable_kernels():
+            _api.forward(q, k, v, causal=causal, window_size=window)
+        cfg = _plan.forward_config(128, upper, 227 * 1024, 700, local)
+        name = _plan.forward_kernel_name("float16", cfg, upper, local)
+    else:
+        _api.forward(q, k, v, causal=causal, window_size=window)
+        cfg = _plan.sm90_forward_config(128, upper, 700)
+        name = _plan.sm90_forward_kernel_name("float16", cfg, upper, local)
+    ((kname, _, _, _, p),) = fake
+    assert kname == name and kname.endswith(", true>>") == local
+    assert (p["window_left"], p["window_right"]) == (left, right)
+    fake.clear()
+    dout = FakeArray(np.ones(q.shape, np.float16))
+    lse = FakeArray(np.zeros((2, 8, 333), np.float32))
+    _api.backward(dout, q, k, v, dout, lse, causal=causal, window_size=window)
+    _, main, fin = fake
+    bcfg = _plan.backward_config(128, 227 * 1024, True)
+    assert main[0] == _plan.backward_kernel_name("float16", bcfg, upper, local=local)
+    assert fin[0] == _plan.backward_dq_name("float16", bcfg, upper, local)
+    assert (main[4]["window_left"], main[4]["window_right"]) == (left, right)
+
+
+@pytest.mark.parametrize("bad", [(1,), (1, 2, 3), (-2, 0), (0, -5), (True, 0), (1.5, 0), "ab",
+                                 None, 4])
+def test_bad_window_sizes_are_rejected(fake, bad):
+    q, k, v = _qkv(1, 33, 33, 2, 2, 64)
+    with pytest.raises(ValueError, match="window_size must be a pair"):
+        _api.forward(q, k, v, window_size=bad)
+    assert not fake
+
+
+def test_fa1_takes_no_window(fake):
+    q, k, v = _qkv(1, 33, 33, 2, 2, 64)
+    with pytest.raises(ValueError, match="window_size needs algorithm='fa2'"):
+        _api.forward(q, k, v, window_size=(8, 0), algorithm="fa1")
+    _api.forward(q, k, v, causal=True, window_size=(-1, 0), algorithm="fa1")  # (plain causal)

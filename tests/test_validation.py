@@ -180,8 +180,9 @@ def test_each_architecture_class_builds_the_shapes_planned_for_it():
         if arch == "90a":  # the Hopper forward family alone, its tiles per padded head dim
             tiles = {(cfg, c) for HD in _plan.HEAD_DIM_BUCKETS for c in (False, True)
                      for cfg in _plan.sm90_forward_configs(HD, c)}
-            assert names == {_plan.sm90_forward_kernel_name(dt, cfg, c)
-                             for dt in _plan.ELEMENT_TAGS for cfg, c in tiles}
+            assert names == {_plan.sm90_forward_kernel_name(dt, cfg, c, local)
+                             for dt in _plan.ELEMENT_TAGS for cfg, c in tiles
+                             for local in (False, True)}  # (local: sliding windows)
             assert all(cfg.smem_bytes <= smems[0] for cfg, _ in tiles)
             continue
         bulk = _plan.has_bulk_copy(int(arch))  # the dQ bulk reduction: sm_90 only
@@ -194,14 +195,19 @@ def test_each_architecture_class_builds_the_shapes_planned_for_it():
                     assert cfg.smem_bytes <= smem
                     # bulk dQ wherever the GPU has it (every head dim has a spill-free one)
                     assert bool(cfg.dq_bulk) == bulk
-                    assert _plan.backward_kernel_name(dt, cfg, True) in names
-                    if bulk:  # the deterministic mode's ordered-additions kernel
-                        assert _plan.backward_kernel_name(dt, cfg, True, True) in names
-                    assert _plan.backward_dq_name(dt, cfg, True) in names
+                    for causal, local in ((True, False), (False, True), (True, True)):
+                        cfg = _plan.backward_config(HD, smem, bulk, local)  # (local: windows)
+                        assert cfg.smem_bytes <= smem and bool(cfg.dq_bulk) == bulk
+                        assert _plan.backward_kernel_name(dt, cfg, causal, local=local) in names
+                        if bulk:  # the deterministic mode's ordered-additions kernel
+                            assert _plan.backward_kernel_name(dt, cfg, causal, True,
+                                                              local) in names
+                        assert _plan.backward_dq_name(dt, cfg, causal, local) in names
                 for HD in _plan.HEAD_DIM_BUCKETS:
-                    cfg = _plan.forward_config(HD, False, smem)
-                    assert cfg.smem_bytes <= smem
-                    assert _plan.forward_kernel_name(dt, cfg, False) in names
+                    for local in (False, True):  # (local: sliding windows)
+                        cfg = _plan.forward_config(HD, False, smem, local=local)
+                        assert cfg.smem_bytes <= smem
+                        assert _plan.forward_kernel_name(dt, cfg, False, local) in names
     # A100 and H200 take different d = 256 backward shapes (163 KB vs 227 KB).
     assert _plan.backward_config(256, 163 * 1024) != _plan.backward_config(256, 227 * 1024)
 
