@@ -112,7 +112,8 @@ def test_config_from_shape_reads_the_bench_notation():
     ["-m", "cuflash.demo"],
     ["-c", "import cuflash; cuflash.precompile()"],
     [str(BENCH / "sm90_check.py")],
-], ids=["bench", "demo", "precompile", "sm90_check"])
+    [str(BENCH / "window_bench.py")],
+], ids=["bench", "demo", "precompile", "sm90_check", "window_bench"])
 def test_no_gpu_is_said_plainly(cmd):
     """With no GPU visible (CUDA_VISIBLE_DEVICES empty), the bench, the demo and precompile()
     say "no CUDA GPU" instead of failing with a CUDA driver traceback."""

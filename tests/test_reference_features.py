@@ -102,6 +102,16 @@ def test_window_block_ranges_match_the_mask(window, sq, sk, B_r, B_c):
                     assert blk.all()
 
 
+def test_window_bench_counts_visible_pairs():
+    """bench/window_bench.py's ideal: the visible pairs of a causal window, against the mask."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import window_bench
+    for n, left in ((5, 1), (37, 0), (64, 9), (10, -1)):
+        assert window_bench.visible_pairs(n, left) == ref.Mask(n, n, True, left).visible().sum()
+
+
 def test_window_skips_blocks():
     """A window of 256 over 16k keys: each row block visits the blocks its window touches,
     not all of them (block skipping really skips)."""
