@@ -255,6 +255,38 @@ def _window(causal: bool, window_size, seqlen_q: int, seqlen_k: int) -> tuple:
     return right >= 0, True, left, max(right, 0)
 
 
+def _hook(cupy, softcap, alibi_slopes, q) -> tuple:
+    """(hooked, softcap, slopes pointer, slopes batch stride) of a call's score hook
+    (kernels/score.cuh): softcap a real number >= 0, finite in float32 (0: off); alibi_slopes
+    None or a float32 CuPy array (nheads,) or (batch, nheads), C-contiguous, on q's GPU."""
+    ok = isinstance(softcap, numbers.Real) and not isinstance(softcap, (bool, np.bool_))
+    cap = float(softcap) if ok else math.nan
+    with np.errstate(over="ignore"):
+        as_f32 = np.float32(cap) if ok else np.float32(math.nan)
+    if not (ok and math.isfinite(cap) and cap >= 0 and np.isfinite(as_f32)
+            and (cap == 0 or as_f32 > 0)):
+        raise ValueError(f"softcap must be a finite real number >= 0 (0: off), got {softcap!r}")
+    if alibi_slopes is None:
+        return cap > 0, cap, 0, 0
+    batch, _, nheads, _ = q.shape
+    _check_type(cupy, "alibi_slopes", alibi_slopes)
+    if alibi_slopes.dtype != np.float32 or tuple(alibi_slopes.shape) not in (
+            (nheads,), (batch, nheads)):
+        raise ValueError(f"alibi_slopes must be float32 of shape ({nheads},) or ({batch}, "
+                         f"{nheads}), got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
+    if not alibi_slopes.flags.c_contiguous:
+        raise ValueError("alibi_slopes must be C-contiguous")
+    _check_device(cupy, {"q": q, "alibi_slopes": alibi_slopes})
+    return True, cap, alibi_slopes.data.ptr, nheads if alibi_slopes.ndim == 2 else 0
+
+
+def _softcap_fields(cap: float, scale: float) -> dict:
+    """The softcap as the kernels' two factors on the unscaled S (score.cuh): tanh(S scale /
+    cap) times cap / scale; softcap_in = 0 turns it off."""
+    return {"softcap_in": scale / cap if cap > 0 else 0.0,
+            "softcap_out": cap / scale if cap > 0 else 1.0}
+
+
 def _check_qkv(q, k, v):
     """(cupy, device id, (strides, rows_aligned) as _check_shapes returns them)."""
     cupy = _cupy()
@@ -316,8 +348,8 @@ ALGORITHMS = ("fa2", "fa1")
 
 
 def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *,
-            window_size=(-1, -1), out=None, lse=None, algorithm: str = "fa2",
-            verbose: bool = False):
+            window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None, out=None, lse=None,
+            algorithm: str = "fa2", verbose: bool = False):
     """FlashAttention-2 forward: ``out = softmax(softmax_scale * q k^T [+ causal mask]) v``.
 
     Parameters
@@ -336,6 +368,12 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
         ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right``; -1 leaves a
         side unbounded; ``causal=True`` is ``right = 0``. Blocks outside every row's window are
         skipped. Not with ``algorithm="fa1"``.
+    softcap : float, default 0 (off)
+        ``S -> softcap * tanh(S / softcap)`` on the scaled scores ``S = softmax_scale q k^T``
+        (Gemma 2). Not with ``algorithm="fa1"``.
+    alibi_slopes : cupy.ndarray, float32, (nheads,) or (batch, nheads), optional
+        ALiBi: ``S -> S - slope * |i + seqlen_k - seqlen_q - j|`` after the softcap, the slope
+        of each query head (and batch entry). Not with ``algorithm="fa1"``.
     out, lse : optional preallocated outputs (shapes and dtypes as returned; ``out`` may have
         any strides with a contiguous last dim and must start on a 16-byte boundary, ``lse``
         must be contiguous). Neither may share memory with q, k, v or with the other.
@@ -374,11 +412,11 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
     Runs on CuPy's current stream, on the device that holds q.
     """
     return _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, None,
-                    window_size)
+                    window_size, softcap, alibi_slopes)
 
 
 def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, config,
-             window_size=(-1, -1)):
+             window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
     """forward(), with an explicit tile shape (`config`, a _plan.ForwardConfig or None for the
     planner's choice): the bench's and the tests' tuning hook."""
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
@@ -394,6 +432,12 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
     if local and algorithm == "fa1":
         raise ValueError("window_size needs algorithm='fa2' (FlashAttention-1's kernel has no "
                          "sliding window)")
+    hooked, cap, slopes, slopes_b = _hook(cupy, softcap, alibi_slopes, q)
+    if hooked and algorithm == "fa1":
+        raise ValueError("softcap and alibi_slopes need algorithm='fa2' (FlashAttention-1's "
+                         "kernel has no score hook)")
+    features = dict(window_left=left, window_right=right, alibi_slopes=slopes,
+                    alibi_stride_b=slopes_b, **_softcap_fields(cap, scale))
 
     with _on_device(cupy, device_id):
         given = {}
@@ -428,20 +472,21 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
         hopper_tile = isinstance(config, _plan.Sm90ForwardConfig)
         if hopper_tile and _capability(cupy, device_id) != 90:
             raise ValueError("a Hopper tile (bench notation hBcxStages) needs an sm_90 GPU")
-        window = (upper, local, left, right)
+        kind = (upper, local, hooked)  # the mask and the score hook
         if (hopper_tile or config is None and _uses_sm90(cupy, device_id)) and seqlen_k > 0 \
-                and _forward_sm90(cupy, device_id, q, k, v, out, lse, window, scale, verbose,
-                                  qkv_strides, out_strides, config if hopper_tile else None):
+                and _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale,
+                                  verbose, qkv_strides, out_strides,
+                                  config if hopper_tile else None):
             return out, lse
-        # The tile shape and compiled kernel for this (device, dtype, d, mask, short keys or
-        # not), looked up once.
-        short = not local and _plan.forward_short(HD, upper, seqlen_k)
+        # The tile shape and compiled kernel for this (device, dtype, d, mask, hook, short keys
+        # or not), looked up once.
+        short = not (local or hooked) and _plan.forward_short(HD, upper, seqlen_k)
         plan, kernels, params = _prepared(
-            _forward_launches, (device_id, q.dtype, d, upper, local, short, config),
+            _forward_launches, (device_id, q.dtype, d, kind, short, config),
             _registry.FA2_FORWARD,
             lambda: _registry.fa2_forward_plan(_dtype_name(q.dtype), HD, upper,
                                                _max_smem(cupy, device_id), seqlen_k, config,
-                                               local))
+                                               local, hooked))
         cfg, kernel = plan.cfg, kernels["main"]
         grid = _registry.fa2_forward_grid(cfg, seqlen_q, nheads, batch)
         if verbose:
@@ -453,7 +498,7 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
                         lse=lse.data.ptr, q_strides=qs, k_strides=ks, v_strides=vs,
                         o_strides=out_strides, seqlen_q=seqlen_q, seqlen_k=seqlen_k, d=d,
                         group=nheads // nheads_k, softmax_scale=scale,
-                        scale_log2=scale * _LOG2E, window_left=left, window_right=right)
+                        scale_log2=scale * _LOG2E, **features)
             kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr,
                    params)
     return out, lse
@@ -463,22 +508,24 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
 _forward_launches: dict = {}
 
 
-def _forward_sm90(cupy, device_id, q, k, v, out, lse, window, scale, verbose, qkv_strides,
-                  out_strides, config=None) -> bool:
+def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, verbose,
+                  qkv_strides, out_strides, config=None) -> bool:
     """The Hopper forward (kernels/fa2_forward_sm90.cu): TMA loads through tensor maps of q,
     k and v (cuflash/_tma.py, cached by address and layout), wgmma, warp specialisation.
     config: an explicit tile (the bench's), else the table's. Returns False, launching
-    nothing, where TMA cannot describe q, k or v (the portable kernel runs instead). window:
-    (causal, local, left, right) as _window gives it."""
-    causal, local, left, right = window
+    nothing, where TMA cannot describe q, k or v (the portable kernel runs instead). kind:
+    (causal, local, hooked), the kernel's mask and hook; features: their parameter fields."""
+    causal, local, hooked = kind
     batch, seqlen_q, nheads, d = q.shape
     dtype_name = _dtype_name(q.dtype)
-    short = config is None and _plan.sm90_forward_short(d, causal, k.shape[1])
+    short = config is None and not (local or hooked) and \
+        _plan.sm90_forward_short(d, causal, k.shape[1])
     plan, kernels, params = _prepared(
-        _forward_launches, ("sm90", device_id, q.dtype, d, causal, local, config, short),
+        _forward_launches, ("sm90", device_id, q.dtype, d, kind, config, short),
         _registry.FA2_FORWARD_SM90,
         lambda: _registry.sm90_forward_plan(dtype_name, d, causal, config,
-                                            seqlen_k=1 if short else None, local=local))
+                                            seqlen_k=1 if short else None, local=local,
+                                            hooked=hooked))
     cfg, kernel = plan.cfg, kernels["main"]
     maps = _tma.qkv_maps(q, k, v, qkv_strides, dtype_name, cfg.B_r, cfg.B_c,
                          bind=kernel.bind_thread)  # (encoding needs the context current)
@@ -501,7 +548,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, window, scale, verbose, qk
                     k_strides=ks, v_strides=vs, o_strides=out_strides, seqlen_q=seqlen_q,
                     seqlen_k=k.shape[1], d=d, group=nheads // k.shape[2],
                     softmax_scale=scale, scale_log2=scale * _LOG2E, nheads=nheads,
-                    batch=batch, per_unit=per_unit, window_left=left, window_right=right)
+                    batch=batch, per_unit=per_unit, **features)
         kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, params)
     return True
 
@@ -581,8 +628,9 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
                backward: bool = True, fa1: bool = False, max_workers: int = 8,
                windows: bool = False) -> int:
     """Compile (or load from CuPy's cache) the kernels for the current device ahead of time,
-    in parallel. Returns how many specialisations were prepared. windows: also the sliding
-    window kernels (otherwise compiled on their first use).
+    in parallel. Returns how many specialisations were prepared. windows: also the kernels
+    with a sliding window or the score hook (softcap, ALiBi; otherwise compiled on their first
+    use).
 
     Raises
     ------
@@ -608,8 +656,11 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
     names = list(dict.fromkeys(
         (v.source, name, v.options) for v in variants for dt in dtypes
         for HD in (sm90_buckets if v is _registry.FA2_FORWARD_SM90 else buckets)
-        for c in causal for local in ((False, True) if windows and v.windows else (False,))
-        for plan in v.plans(dt, HD, c, max_smem, bulk, **({"local": True} if local else {}))
+        for c in causal
+        for features in ([{}] + [{"local": lo, "hooked": ho} for lo, ho in
+                                 ((True, False), (False, True), (True, True))]
+                         if windows and v.features else [{}])
+        for plan in v.plans(dt, HD, c, max_smem, bulk, **features)
         for name in plan.kernels.values()))
 
     def build(item):
@@ -623,7 +674,8 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
 
 def backward(dout, q, k, v, out, lse, causal: bool = False,
              softmax_scale: float | None = None, *, window_size=(-1, -1),
-             deterministic: bool = False, dq=None, dk=None, dv=None):
+             softcap: float = 0.0, alibi_slopes=None, deterministic: bool = False, dq=None,
+             dk=None, dv=None):
     """FlashAttention-2 backward: gradients of ``out = forward(q, k, v, ...)`` given ``dout``.
 
     Recomputes S and P block by block from q, k and the forward's ``lse`` (no N x N matrix is
@@ -634,7 +686,7 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
     dout : cupy.ndarray, the gradient of ``out``; q's shape and dtype
     q, k, v : the forward's inputs (same rules as :func:`forward`)
     out, lse : the forward's outputs
-    causal, softmax_scale, window_size : as given to the forward
+    causal, softmax_scale, window_size, softcap, alibi_slopes : as given to the forward
     deterministic : bool
         Bitwise-identical gradients on every run (dQ is summed in a fixed order instead of by
         racing atomics); 0.97-1.14x the default's time on the H200, see PERFORMANCE.md.
@@ -654,11 +706,11 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
         for ``deterministic=True`` without the causal mask on sm_90 past 65535 key blocks.
     """
     return _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq, dk, dv,
-                     None, window_size)
+                     None, window_size, softcap, alibi_slopes)
 
 
 def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq, dk, dv,
-              config, window_size=(-1, -1)):
+              config, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
     """backward(), with an explicit tile shape (`config`, a _plan.BackwardConfig or None for
     the planner's choice): the bench's and the tests' tuning hook."""
     causal = _check_flag("causal", causal)
@@ -673,6 +725,12 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
     _check_given(cupy, "lse", lse, (batch, nheads, seqlen_q), np.float32, q, True)
     scale = _softmax_scale(softmax_scale, d)
     causal, local, left, right = _window(causal, window_size, seqlen_q, seqlen_k)
+    hooked, cap, slopes, slopes_b = _hook(cupy, softcap, alibi_slopes, q)
+    if hooked:
+        raise NotImplementedError(
+            "backward() does not take softcap or alibi_slopes yet (the forward does): the "
+            "backward kernel with the score hook is written (kernels/fa2_backward.cu) but "
+            "every tile spills with it, and its tiles are still to be chosen")
 
     with _on_device(cupy, device_id):
         grads, given = [], {}
@@ -698,12 +756,13 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         def make_plan():
             max_smem, bulk = _max_smem(cupy, device_id), _has_bulk_copy(cupy, device_id)
             HD = _plan.backward_head_dim_bucket(d)
-            cfg = config or _plan.backward_config(HD, max_smem, bulk, local)
+            cfg = config or _plan.backward_config(HD, max_smem, bulk, local, hooked)
             return _registry.fa2_backward_plan(_dtype_name(q.dtype), HD, causal, max_smem,
                                                bulk, bool(deterministic and cfg.dq_bulk), cfg,
-                                               local)
+                                               local, hooked)
         plan, kernels, params = _prepared(
-            _backward_launches, (device_id, q.dtype, d, causal, local, deterministic, config),
+            _backward_launches,
+            (device_id, q.dtype, d, causal, local, hooked, deterministic, config),
             _registry.FA2_BACKWARD, make_plan)
         cfg, pre, main, fin = plan.cfg, kernels["pre"], kernels["main"], kernels["dq"]
         ordered = bool(deterministic and cfg.dq_bulk)
@@ -753,7 +812,9 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
                         group=group, nheads=nheads, head_parts=parts,
                         deterministic=int(deterministic), splits=splits,
                         dq_accum_cols=cfg.HD, lanes=lanes, softmax_scale=scale,
-                        scale_log2=scale * _LOG2E, window_left=left, window_right=right)
+                        scale_log2=scale * _LOG2E, window_left=left, window_right=right,
+                        alibi_slopes=slopes, alibi_stride_b=slopes_b,
+                        **_softcap_fields(cap, scale))
             # 1. D = rowsum(dO ∘ O)
             pre(_registry.backward_preprocess_grid(seqlen_q, lanes, nheads, batch), 128, 0,
                 stream, params)
@@ -773,7 +834,8 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
 _backward_launches: dict = {}
 
 def attention_with_vjp(q, k, v, causal: bool = False, softmax_scale: float | None = None,
-                       deterministic: bool = False, window_size=(-1, -1)):
+                       deterministic: bool = False, window_size=(-1, -1),
+                       softcap: float = 0.0, alibi_slopes=None):
     """``out, vjp = attention_with_vjp(q, k, v)``; ``dq, dk, dv = vjp(dout)``.
 
     For custom autodiff code: the closure keeps only q, k, v, out and lse (the float32
@@ -788,7 +850,7 @@ def attention_with_vjp(q, k, v, causal: bool = False, softmax_scale: float | Non
     """
     deterministic = _check_flag("deterministic", deterministic)
     out, lse = forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                       window_size=window_size)
+                       window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
     cupy = _cupy()
     with _on_device(cupy, q.data.device_id):
         written = cupy.cuda.Event(block=False, disable_timing=True)
@@ -798,7 +860,8 @@ def attention_with_vjp(q, k, v, causal: bool = False, softmax_scale: float | Non
         with _on_device(cupy, q.data.device_id):
             cupy.cuda.get_current_stream().wait_event(written)
         return backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
-                        window_size=window_size, deterministic=deterministic)
+                        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                        deterministic=deterministic)
 
     return out, vjp
 

@@ -122,6 +122,15 @@ _SCALES = [Field("softmax_scale", "f32", "scale of S = Q K^T"),
 _WINDOW = [Field("window_left", "i32", "LOCAL masks: keys before the diagonal", "", 0),
            Field("window_right", "i32", "LOCAL masks: keys after the diagonal (CAUSAL: >= 0)",
                  "", 0)]
+# The score hook's parameters (score.cuh, read only by ScoreHook, where it applies them): the
+# softcap as two factors on the unscaled S (0: off), the ALiBi slopes (float32 (nheads,) or
+# (batch, nheads); null: off) and their batch stride.
+_HOOK = [Field("alibi_slopes", "ptr", "ALiBi slopes per (batch, head), float32", "const float*",
+               0),
+         Field("softcap_in", "f32", "softmax_scale / softcap (0: no softcap)", "", 0.0),
+         Field("softcap_out", "f32", "softcap / softmax_scale", "", 1.0),
+         Field("alibi_stride_b", "i32", "batch stride of alibi_slopes (0: one row for all)",
+               "", 0)]
 
 FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
     *_QKV,
@@ -134,6 +143,7 @@ FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
     *_SIZES,
     *_SCALES,
     *_WINDOW,
+    *_HOOK,
 ])
 
 # ---- the Hopper forward: fa2_forward_sm90 ----------------------------------------------------
@@ -175,6 +185,7 @@ BWD = Struct("BwdParams", "Backward kernels (fa2_backward.cu).", [
     Field("lanes", "i32", "preprocess: lanes per query row (a power of two >= d / 8)"),
     *_SCALES,
     *_WINDOW,
+    *_HOOK,
 ])
 
 STRUCTS = (FWD, BWD, SM90_FWD)

@@ -74,6 +74,12 @@ class ForwardConfig:
                 f"{self.tile_type}::REBUILD == {str(self.rebuild).lower()}"]
 
 
+def score_type(hooked: bool) -> str:
+    """The kernels' score hook (kernels/score.cuh) as a trailing template argument: none for
+    ScoreScale (the default), ", cuflash::ScoreHook" for softcap and ALiBi."""
+    return ", cuflash::ScoreHook" if hooked else ""
+
+
 def mask_type(causal: bool, local: bool = False) -> str:
     """The kernels' Mask (kernels/mask.cuh): which keys each query row sees. causal: an upper
     limit (the causal diagonal, or a window's right side); local: a lower limit (a window's
@@ -82,9 +88,9 @@ def mask_type(causal: bool, local: bool = False) -> str:
 
 
 def forward_kernel_name(dtype_name: str, cfg: ForwardConfig, causal: bool,
-                        local: bool = False) -> str:
+                        local: bool = False, hooked: bool = False) -> str:
     return (f"cuflash::fa2_forward<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
-            f"{mask_type(causal, local)}>")
+            f"{mask_type(causal, local)}{score_type(hooked)}>")
 
 
 FORWARD_FILE = "fa2_forward.cu"
@@ -249,7 +255,8 @@ def has_bulk_copy(compute_capability: int) -> bool:
 #     sm_90 and sm_80 code respectively (ARCH_SMEM). "sm90a": the Hopper forward's tiles
 #     (Sm90ForwardConfig; the H100/H200 run them where TMA can describe q, k and v, and the
 #     "sm90" row otherwise), built as sm_90a code.
-#   passes: "fwd"; "fwd_short", key sequences of at most SHORT_KEYS[HD] keys (non-causal,
+#   passes: "fwd"; "fwd_feat", "bwd_feat": kernels with a sliding window or the score hook,
+#     where listed; "fwd_short", key sequences of at most SHORT_KEYS[HD] keys (non-causal,
 #     causal), where listed (class sm90a: SM90_SHORT_KEYS); "bwd".
 # Each tile is spill-free where it is planned (the compile check enforces it) and was the
 # fastest spill-free shape measured on the H200; PERFORMANCE.md has the measurements behind each
@@ -342,13 +349,13 @@ def _table() -> dict:
     put("sm80", "fwd", 128, None, [_f(128, 64, 128, 4, 1)])
     put("sm90", "fwd", 128, False, [_f(128, 128, 64, 4, 2), _f(128, 64, 128, 4, 1)])
     put("sm90", "fwd", 128, True, [_f(128, 64, 128, 4, 1)])
-    # fwd_local, bwd_local: sliding windows (Mask<*, LOCAL = true>), where the usual tile
-    # spills with the window's lower limit (the other buckets take their usual tiles). Chosen
-    # for zero spills, not yet for speed.
+    # fwd_feat, bwd_feat: the kernels with a sliding window (Mask<*, LOCAL = true>) or the
+    # score hook (softcap, ALiBi), where the usual tile spills with them (the other buckets
+    # take their usual tiles). Chosen for zero spills, not yet for speed.
     for cls in ("sm80", "sm90"):
-        put(cls, "fwd_local", 32, None, [_f(32, 64, 64, 4, 1)])
-        put(cls, "fwd_local", 96, None, [_f(96, 64, 128, 4, 2), _f(96, 64, 128, 4, 1)])
-        put(cls, "fwd_local", 128, None, [_f(128, 64, 128, 4, 1)])
+        put(cls, "fwd_feat", 32, None, [_f(32, 64, 64, 4, 1)])
+        put(cls, "fwd_feat", 96, None, [_f(96, 64, 128, 4, 2), _f(96, 64, 128, 4, 1)])
+        put(cls, "fwd_feat", 128, None, [_f(128, 64, 128, 4, 1)])
 
     # backward: (B_r, B_c, warps, WM_SDP, WM_DKV, WM_DQ, row-block buffers, dQ tiles; 0 =
     # atomics); the head-dim bucket of the kernel first
@@ -386,7 +393,7 @@ def _table() -> dict:
     for HD in HEAD_DIM_BUCKETS:
         put("sm80", "bwd", HD, None, atomics[HD])
         put("sm90", "bwd", HD, None, bulk[HD] + atomics[HD])
-    put("sm90", "bwd_local", 64, None, bulk[64][1:] + atomics[64])
+    put("sm90", "bwd_feat", 64, None, bulk[64][1:] + atomics[64])
 
     # the Hopper forward (class sm90a: H100/H200, kernels/fa2_forward_sm90.cu), one tile per
     # bucket and mask, from the H200 sweep of 2026-11-30 (bf16, kernel timing,
@@ -462,9 +469,9 @@ def sm90_forward_configs(d: int, causal: bool) -> list[Sm90ForwardConfig]:
 
 
 def sm90_forward_kernel_name(dtype_name: str, cfg: Sm90ForwardConfig, causal: bool,
-                             local: bool = False) -> str:
+                             local: bool = False, hooked: bool = False) -> str:
     return (f"cuflash::fa2_forward_sm90<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
-            f"{mask_type(causal, local)}>")
+            f"{mask_type(causal, local)}{score_type(hooked)}>")
 
 
 SM90_FORWARD_FILE = "fa2_forward_sm90.cu"
@@ -499,22 +506,23 @@ def forward_short(HD: int, causal: bool, seqlen_k: int | None) -> bool:
 
 
 def forward_config(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM,
-                   seqlen_k: int | None = None, local: bool = False) -> ForwardConfig:
+                   seqlen_k: int | None = None, local: bool = False,
+                   hooked: bool = False) -> ForwardConfig:
     """The forward tile for head-dim bucket HD on a device allowing `max_smem_bytes` of dynamic
-    shared memory per block (for keys of length `seqlen_k`, where given; local: a sliding
-    window's kernel)."""
-    cls = gpu_class(max_smem_bytes)
-    if local and (cls, "fwd_local", HD, bool(causal)) in TILES:
-        return _first_fitting((cls, "fwd_local", HD, bool(causal)), max_smem_bytes)
-    pass_ = "fwd_short" if not local and forward_short(HD, causal, seqlen_k) else "fwd"
+    shared memory per block (for keys of length `seqlen_k`, where given; local, hooked: the
+    kernel with a sliding window, with the score hook)."""
+    cls, feat = gpu_class(max_smem_bytes), local or hooked
+    if feat and (cls, "fwd_feat", HD, bool(causal)) in TILES:
+        return _first_fitting((cls, "fwd_feat", HD, bool(causal)), max_smem_bytes)
+    pass_ = "fwd_short" if not feat and forward_short(HD, causal, seqlen_k) else "fwd"
     return _first_fitting((cls, pass_, HD, bool(causal)), max_smem_bytes)
 
 
 def forward_plans(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM,
-                  local: bool = False) -> list[ForwardConfig]:
+                  local: bool = False, hooked: bool = False) -> list[ForwardConfig]:
     """Every tile forward_config can pick for bucket HD on such a device: the usual one and,
     where the bucket has one, the short-key one (distinct, in that order)."""
-    return list(dict.fromkeys(forward_config(HD, causal, max_smem_bytes, n, local)
+    return list(dict.fromkeys(forward_config(HD, causal, max_smem_bytes, n, local, hooked)
                               for n in (None, 1)))
 
 
@@ -525,14 +533,15 @@ def backward_configs(HD: int, bulk: bool = False) -> list[BackwardConfig]:
 
 
 def backward_config(HD: int, max_smem_bytes: int = 227 * 1024,
-                    bulk: bool = False, local: bool = False) -> BackwardConfig:
+                    bulk: bool = False, local: bool = False,
+                    hooked: bool = False) -> BackwardConfig:
     """The backward tile for head-dim bucket HD on a device allowing `max_smem_bytes` per
     block; bulk: the device has the bulk copy engine (sm_90+, see has_bulk_copy). Only the
-    sm90 class (227 KB) takes bulk tiles; `bulk=False` forces the dQ-atomics tiles. local: a
-    sliding window's kernels."""
+    sm90 class (227 KB) takes bulk tiles; `bulk=False` forces the dQ-atomics tiles. local,
+    hooked: the kernels with a sliding window, with the score hook."""
     cls = "sm90" if bulk and gpu_class(max_smem_bytes) == "sm90" else "sm80"
-    if local and (cls, "bwd_local", HD, False) in TILES:
-        return _first_fitting((cls, "bwd_local", HD, False), max_smem_bytes)
+    if (local or hooked) and (cls, "bwd_feat", HD, False) in TILES:
+        return _first_fitting((cls, "bwd_feat", HD, False), max_smem_bytes)
     return _first_fitting((cls, "bwd", HD, False), max_smem_bytes)
 
 
@@ -562,13 +571,14 @@ def config_from_shape(which: str, d: int, shape: str, bulk: bool = False):
 
 
 def backward_kernel_name(dtype_name: str, cfg: BackwardConfig, causal: bool,
-                         ordered: bool = False, local: bool = False) -> str:
+                         ordered: bool = False, local: bool = False,
+                         hooked: bool = False) -> str:
     """ordered: the deterministic mode's kernel with ordered dQ additions (cfg.dq_bulk only;
     with dQ atomics the deterministic mode runs the default kernel on split slices)."""
     if ordered and not cfg.dq_bulk:
         raise ValueError("ordered dQ additions need the bulk dQ reduction")
     return (f"cuflash::fa2_backward<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
-            f"{mask_type(causal, local)}, {'true' if ordered else 'false'}>")
+            f"{mask_type(causal, local)}, {'true' if ordered else 'false'}{score_type(hooked)}>")
 
 
 def backward_preprocess_name(dtype_name: str) -> str:

@@ -38,23 +38,27 @@ class Variant:
     arch_classes: tuple            # compile-check classes it is built for ("80", "90")
     # plans(dtype_name, HD, causal, max_smem, bulk) -> every Plan a device of that shared
     # memory (and bulk copy engine) may launch for that bucket and mask
-    plans: Callable[..., list]     # (..., local=False): the same with a window's lower limit
+    # (..., local=False, hooked=False): the same with a window's lower limit, with the score
+    # hook (softcap, ALiBi)
+    plans: Callable[..., list]
     options: tuple = ()            # compiler options beyond _loader.NVRTC_OPTIONS
-    windows: bool = True           # its kernels take sliding windows (Mask<*, true>)
+    features: bool = True          # its kernels take windows and the score hook
 
 
 # ---- FA2 forward ---------------------------------------------------------------------------
 
-def _fa2_forward_plan(dtype_name: str, cfg, causal: bool, local: bool = False) -> Plan:
-    return Plan(cfg, {"main": _plan.forward_kernel_name(dtype_name, cfg, causal, local)},
+def _fa2_forward_plan(dtype_name: str, cfg, causal: bool, local: bool = False,
+                      hooked: bool = False) -> Plan:
+    return Plan(cfg, {"main": _plan.forward_kernel_name(dtype_name, cfg, causal, local, hooked)},
                 {"main": cfg.smem_bytes})
 
 
 def fa2_forward_plan(dtype_name: str, HD: int, causal: bool, max_smem: int,
-                     seqlen_k: int | None = None, config=None, local: bool = False) -> Plan:
+                     seqlen_k: int | None = None, config=None, local: bool = False,
+                     hooked: bool = False) -> Plan:
     """The forward's plan for keys of length seqlen_k (config: an explicit tile)."""
-    cfg = config or _plan.forward_config(HD, causal, max_smem, seqlen_k, local)
-    return _fa2_forward_plan(dtype_name, cfg, causal, local)
+    cfg = config or _plan.forward_config(HD, causal, max_smem, seqlen_k, local, hooked)
+    return _fa2_forward_plan(dtype_name, cfg, causal, local, hooked)
 
 
 def fa2_forward_grid(cfg, seqlen_q: int, nheads: int, batch: int) -> tuple:
@@ -64,19 +68,21 @@ def fa2_forward_grid(cfg, seqlen_q: int, nheads: int, batch: int) -> tuple:
 
 FA2_FORWARD = Variant(
     "fa2_forward", _plan.FORWARD_FILE, _params.FWD, ("80", "90"),
-    lambda dt, HD, causal, smem, bulk, local=False: [
-        _fa2_forward_plan(dt, cfg, causal, local)
-        for cfg in _plan.forward_plans(HD, causal, smem, local)])
+    lambda dt, HD, causal, smem, bulk, local=False, hooked=False: [
+        _fa2_forward_plan(dt, cfg, causal, local, hooked)
+        for cfg in _plan.forward_plans(HD, causal, smem, local, hooked)])
 
 
 # ---- FA2 forward on Hopper (sm_90a: TMA, wgmma, warp specialisation) --------------------------
 
 def sm90_forward_plan(dtype_name: str, d: int, causal: bool, config=None,
-                      seqlen_k: int | None = None, local: bool = False) -> Plan:
+                      seqlen_k: int | None = None, local: bool = False,
+                      hooked: bool = False) -> Plan:
     """The Hopper forward's plan (config: an explicit Sm90ForwardConfig, the bench's; else the
     table's tile for keys of length seqlen_k)."""
     cfg = config or _plan.sm90_forward_config(d, causal, seqlen_k)
-    return Plan(cfg, {"main": _plan.sm90_forward_kernel_name(dtype_name, cfg, causal, local)},
+    return Plan(cfg, {"main": _plan.sm90_forward_kernel_name(dtype_name, cfg, causal, local,
+                                                             hooked)},
                 {"main": cfg.smem_bytes})
 
 
@@ -95,12 +101,12 @@ def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, nheads: int, batch: int,
     return (max(1, min(units, sms)), 1, 1), per_unit
 
 
-def _sm90_forward_plans(dt, HD, causal, smem, bulk, local=False) -> list:
+def _sm90_forward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False) -> list:
     # one plan per Hopper bucket (64, 128, 192, 256), listed under the portable bucket that
     # is its largest head dim
     if HD not in _plan.SM90_HEAD_DIM_BUCKETS:
         return []
-    return [sm90_forward_plan(dt, HD, causal, cfg, local=local)
+    return [sm90_forward_plan(dt, HD, causal, cfg, local=local, hooked=hooked)
             for cfg in _plan.sm90_forward_configs(HD, causal)]
 
 
@@ -128,29 +134,32 @@ def fa1_forward_grids(seqlen_q: int, d: int, nheads: int, batch: int) -> dict:
 FA1_FORWARD = Variant(
     "fa1_forward", _plan.FA1_FILE, _params.FWD, ("80", "90"),
     lambda dt, HD, causal, smem, bulk: [fa1_forward_plan(dt, HD, causal, smem)],
-    windows=False)
+    features=False)
 
 
 # ---- FA2 backward --------------------------------------------------------------------------
 
 def fa2_backward_plan(dtype_name: str, HD: int, causal: bool, max_smem: int, bulk: bool,
-                      ordered: bool = False, config=None, local: bool = False) -> Plan:
+                      ordered: bool = False, config=None, local: bool = False,
+                      hooked: bool = False) -> Plan:
     """The backward's three kernels. ordered: the deterministic mode's kernel with ordered dQ
     additions (tiles with bulk dQ only)."""
-    cfg = config or _plan.backward_config(HD, max_smem, bulk, local)
+    cfg = config or _plan.backward_config(HD, max_smem, bulk, local, hooked)
     return Plan(cfg, {"pre": _plan.backward_preprocess_name(dtype_name),
                       "main": _plan.backward_kernel_name(dtype_name, cfg, causal, ordered,
-                                                         local),
+                                                         local, hooked),
                       "dq": _plan.backward_dq_name(dtype_name, cfg, causal, local)},
                 {"pre": 0, "main": cfg.smem_bytes, "dq": 0})
 
 
-def _fa2_backward_plans(dt, HD, causal, smem, bulk, local=False) -> list:
+def _fa2_backward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False) -> list:
+    if hooked:  # (not yet: every tile spills with the hook; backward() says so)
+        return []
     try:
-        cfg = _plan.backward_config(HD, smem, bulk, local)
+        cfg = _plan.backward_config(HD, smem, bulk, local, hooked)
     except RuntimeError:  # does not fit this GPU: backward() raises there
         return []
-    return [fa2_backward_plan(dt, HD, causal, smem, bulk, ordered, local=local)
+    return [fa2_backward_plan(dt, HD, causal, smem, bulk, ordered, local=local, hooked=hooked)
             for ordered in ((False, True) if cfg.dq_bulk else (False,))]
 
 
@@ -243,12 +252,12 @@ def specialisations(arch: str, variants=VARIANTS) -> list[tuple[str, str, object
             continue
         for dt in _plan.ELEMENT_TAGS:
             for HD in _plan.HEAD_DIM_BUCKETS:
-                for causal, local in itertools.product((False, True), (False, True)):
-                    if local and not variant.windows:
+                for causal, local, hooked in itertools.product((False, True), repeat=3):
+                    if (local or hooked) and not variant.features:
                         continue
+                    features = {"local": local, "hooked": hooked} if local or hooked else {}
                     for smem in smems:
-                        for plan in variant.plans(dt, HD, causal, smem, bulk,
-                                                  **({"local": True} if local else {})):
+                        for plan in variant.plans(dt, HD, causal, smem, bulk, **features):
                             for role, name in plan.kernels.items():
                                 out.append((variant.source, name,
                                             plan.cfg if plan.smem[role] else None))

@@ -115,7 +115,8 @@ fa1_forward(const FwdParams p) {
                 for (int e = 0; e < 4; ++e)
 #pragma unroll
                     for (int nt = 0; nt < NT_S; ++nt)
-                        s[nt][e] = score.apply(s[nt][e], row0 + warp * 16 + lane / 4 + (e / 2) * 8,
+                        s[nt][e] = score.apply(p, s[nt][e],
+                                               row0 + warp * 16 + lane / 4 + (e / 2) * 8,
                                                col0 + nt * 8 + (lane % 4) * 2 + e % 2);
             }
             // S_ij[r, c] = -inf where key c is not visible from query r (mask.cuh)

@@ -210,11 +210,11 @@ struct BackwardTile {
 // registers. dK, dV: with head_parts == 1, in the input dtype (batch, seqlen_k, heads_k, d);
 // with head_parts > 1 (used where one part per kv head would leave SMs idle), float32 slices
 // (head_parts, batch, seqlen_k, heads_k, d), contiguous, which the caller sums.
-template <typename T, typename Tile, typename MaskT, bool ORDERED>
+template <typename T, typename Tile, typename MaskT, bool ORDERED, typename ScoreT = ScoreScale>
 __global__ void __launch_bounds__(Tile::NTHREADS, 1)
 fa2_backward(const BwdParams p) {
     constexpr bool CAUSAL = MaskT::CAUSAL;
-    using Score = ScoreScale;
+    using Score = ScoreT;
     constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c;
     constexpr int WM_SDP = Tile::WM_SDP, WM_DKV = Tile::WM_DKV, WM_DQ = Tile::WM_DQ;
     constexpr int QSTAGES = Tile::QSTAGES, DQ_BULK = Tile::DQ_BULK;
@@ -273,7 +273,9 @@ fa2_backward(const BwdParams p) {
     const int batch = by_head ? blockIdx.y : blockIdx.z, nbatch = by_head ? gridDim.y : gridDim.z;
     // The query head whose row blocks are being visited (the loop over heads below).
     int head = 0;
-    const Score score(p);  // the score hook (score.cuh): the scale in the exponent
+    // the score hook (score.cuh): the scale in the exponent (a hook that rewrites S is made
+    // per query head where it is applied)
+    const Score score(p, batch, 0);
     const int chunks = d / 8;
     const int T_c = (seqlen_k + B_c - 1) / B_c;
 
@@ -479,9 +481,12 @@ fa2_backward(const BwdParams p) {
             // shared memory in the input dtype for dV, and kept in registers, packed, for dS
             // (instead of being read back from shared memory: measured +4-9% at HD 64 and 128,
             // +2-3% above; the extra reads had filled the shared-memory instruction queue, ncu
-            // "MIO throttle"). dS uses the rounded P, as 16-bit autodiff would.
-            unsigned pk[S_MT][2][S_NT];  // P_ij
+            // "MIO throttle"). dS uses the rounded P, as 16-bit autodiff would. With the score
+            // hook, S_ij is hooked first and the registers keep P_ij times the hook's
+            // derivative (the softcap's 1 - tanh^2), which is all dS needs of it.
+            unsigned pk[S_MT][2][S_NT];  // P_ij (times the hook's derivative)
             {
+                const Score hook(p, batch, head);  // (this query head)
                 float acc[S_MT][S_NT][4];
                 product(acc, OFF_Q + qoff, OFF_K, false);
 #pragma unroll
@@ -499,17 +504,19 @@ fa2_backward(const BwdParams p) {
                     const int hi = keys.hi - col0 - s_n * Tile::S_NW - (lane_id() % 4) * 2;
 #pragma unroll
                     for (int nt = 0; nt < S_NT; ++nt) {
-                        float pe[2];  // P_ij at columns lane_col + nt * 8 + e1
+                        // P_ij at columns lane_col + nt * 8 + e1, and the hook's derivative
+                        float pe[2], df[2] = {1.f, 1.f};
 #pragma unroll
                         for (int e1 = 0; e1 < 2; ++e1) {
                             float s = acc[mt][nt][e2 * 2 + e1];
                             if constexpr (Score::REWRITES)  // the score hook (score.cuh)
-                                s = score.apply(s, row0 + r, lane_col + nt * 8 + e1);
+                                s = hook.apply(p, s, row0 + r, lane_col + nt * 8 + e1, df[e1]);
                             pe[e1] = exp2_approx(fmaf(s, score.exp2_scale, -l2));
                             if (MASK && MaskT::hidden(nt * 8 + e1, lo, hi)) pe[e1] = 0.f;
                         }
                         const unsigned packed = T::pack(pe[0], pe[1]);
-                        pk[mt][e2][nt] = packed;
+                        pk[mt][e2][nt] = Score::REWRITES ? T::pack(pe[0] * df[0], pe[1] * df[1])
+                                                         : packed;
                         *reinterpret_cast<unsigned*>(sP + st_offset(mt, e2, nt)) = packed;
                     }
                 }

@@ -36,6 +36,7 @@
 //   Tile = ForwardTile<HD, B_r, B_c, NWARPS, KV_STAGES>: tile shape and K/V buffers
 //   MaskT = Mask<CAUSAL, LOCAL>              which keys each row sees (mask.cuh); causal blocks
 //                                            fully above the diagonal are skipped
+//   ScoreT = ScoreScale | ScoreHook          the score hook (score.cuh): softcap and ALiBi
 #include "common.cuh"
 #include "params.cuh"
 #include "seqinfo.cuh"
@@ -108,7 +109,7 @@ struct ForwardTile {
 // Q, K, V: (batch, seqlen, heads, d) with arbitrary strides in elements (the last dim is
 // contiguous); q head h reads kv head h / group (MQA/GQA). O has Q's shape (its own strides);
 // L is float32 (batch, heads, seqlen_q), contiguous.
-template <typename T, typename Tile, typename MaskT>
+template <typename T, typename Tile, typename MaskT, typename ScoreT = ScoreScale>
 __global__ void __launch_bounds__(Tile::NTHREADS, Tile::min_blocks(MaskT::CAUSAL))
 fa2_forward(const FwdParams p) {
     constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c;
@@ -116,7 +117,7 @@ fa2_forward(const FwdParams p) {
     constexpr int NTHREADS = Tile::NTHREADS, RPW = Tile::ROWS_PER_WARP, MT = Tile::MT;
     constexpr int NT_S = Tile::NT_S, NT_O = Tile::NT_O;
     constexpr bool LEAN = Tile::LEAN;
-    using Score = ScoreScale;
+    using Score = ScoreT;
     // The parameters, read once here: the loads in the loop take them from these locals.
     // (Reading p's fields inside the lambdas instead gave the same instructions in another
     // schedule, 4-6% slower at d 64 and d 256 on the H200: PERFORMANCE.md, 2026-11-30.)
@@ -161,7 +162,7 @@ fa2_forward(const FwdParams p) {
     const SeqInfo seq = seq_info(p, batch);  // this batch entry's rows
     const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
     const MaskT mask(p, seqlen_q, seqlen_k);
-    const Score score(p);
+    const Score score(p, batch, head);
     const int row0 = row_block * B_r;  // first query row of Q_i
     const int chunks = d / 8;          // 16-byte chunks of real data per row
 
@@ -281,7 +282,7 @@ fa2_forward(const FwdParams p) {
                     const int row = row0 + warp * RPW + mt * 16 + lane / 4 + (e / 2) * 8;
 #pragma unroll
                     for (int nt = 0; nt < NT_S; ++nt)
-                        s[mt][nt][e] = score.apply(s[mt][nt][e], row,
+                        s[mt][nt][e] = score.apply(p, s[mt][nt][e], row,
                                                    col0 + nt * 8 + (lane % 4) * 2 + e % 2);
                 }
         }

@@ -46,6 +46,7 @@
 //            (the real d is zero-filled by TMA past its end), B_c keys per column block, STAGES
 //            K/V slots, OVERLAP the intra-warpgroup overlap of S_(j+1) with softmax_j
 //   MaskT = Mask<CAUSAL, LOCAL> (LOCAL: a sliding window's lower limit)
+//   ScoreT = ScoreScale | ScoreHook (score.cuh: softcap and ALiBi)
 #include "common.cuh"
 #include "hopper.cuh"
 #include "params.cuh"
@@ -105,12 +106,12 @@ struct ForwardTileSm90 {
     static_assert(STAGES >= 2, "at least two K/V slots");
 };
 
-template <typename T, typename Tile, typename MaskT>
+template <typename T, typename Tile, typename MaskT, typename ScoreT = ScoreScale>
 __global__ void __launch_bounds__(Tile::NTHREADS, 1)
 fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, STAGES = Tile::STAGES;
     constexpr int GROUPS = Tile::GROUPS, NT_S = Tile::NT_S, NT_O = Tile::NT_O;
-    using Score = ScoreScale;
+    using Score = ScoreT;
 
     // Shared memory, carved from a 1024-byte aligned base: Q_i, K slots, V slots, barriers.
     extern __shared__ __attribute__((aligned(1024))) unsigned char smem_raw[];
@@ -216,7 +217,6 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     regs_increase<Tile::CONSUMER_REGS>();
     const int wg = warpgroup - 1;          // which 64 rows of Q_i: 64 wg ..
     const int warp = (tid / 32) % 4, lane = tid % 32;
-    const Score score(p);
     // This consumer's 64 rows of Q_i: group g at sQ + g * B_r rows * 128 bytes + 64 wg rows.
     const unsigned q_rows = sQ + wg * 64 * 128;
 
@@ -263,6 +263,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         const SeqInfo seq = seq_info(p, tl.batch);
         const int seqlen_q = seq.seqlen_q;
         const MaskT mask(p, seqlen_q, seq.seqlen_k);
+        const Score score(p, tl.batch, head);  // (this tile's head)
         const int row0 = tl.row_block * B_r;
         const ColumnBlocks cb = column_blocks<B_r, B_c>(mask, tl.row_block);
         const int n = cb.end - cb.begin;  // column blocks visited
@@ -279,6 +280,16 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         // fragment of k-step kk). Needs the previous P~V done (it rescales O~_i).
         auto softmax_step = [&](float (&s)[1][NT_S][4], int j, unsigned (&pa)[B_c / 16][4]) {
             const int col0 = j * B_c;
+            // The score hook (score.cuh): S_ij as the softmax sees it (nothing to do for the
+            // scale alone, which the softmax folds into its exponent).
+            if constexpr (Score::REWRITES) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+#pragma unroll
+                    for (int nt = 0; nt < NT_S; ++nt)
+                        s[0][nt][e] = score.apply(p, s[0][nt][e], row_lane + (e / 2) * 8,
+                                                  col0 + nt * 8 + (lane % 4) * 2 + e % 2);
+            }
             // Mask (mask.cuh), on blocks that cross a mask limit or the end of K
             // (block_range.cuh): S_ij[r, c] = -inf where key c is not visible from query r.
             if (j >= cb.masked_begin || (MaskT::LOCAL && j < cb.unmasked_begin))

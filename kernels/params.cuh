@@ -36,8 +36,12 @@ struct FwdParams {
     float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
     int window_left;                // LOCAL masks: keys before the diagonal
     int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: >= 0)
+    const float* alibi_slopes;      // ALiBi slopes per (batch, head), float32
+    float softcap_in;               // softmax_scale / softcap (0: no softcap)
+    float softcap_out;              // softcap / softmax_scale
+    int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
 };
-static_assert(sizeof(FwdParams) == 192, "FwdParams: size differs from cuflash/_params.py");
+static_assert(sizeof(FwdParams) == 216, "FwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(FwdParams, q) == 0, "FwdParams.q");
 static_assert(__builtin_offsetof(FwdParams, k) == 8, "FwdParams.k");
@@ -67,6 +71,10 @@ static_assert(__builtin_offsetof(FwdParams, softmax_scale) == 176, "FwdParams.so
 static_assert(__builtin_offsetof(FwdParams, scale_log2) == 180, "FwdParams.scale_log2");
 static_assert(__builtin_offsetof(FwdParams, window_left) == 184, "FwdParams.window_left");
 static_assert(__builtin_offsetof(FwdParams, window_right) == 188, "FwdParams.window_right");
+static_assert(__builtin_offsetof(FwdParams, alibi_slopes) == 192, "FwdParams.alibi_slopes");
+static_assert(__builtin_offsetof(FwdParams, softcap_in) == 200, "FwdParams.softcap_in");
+static_assert(__builtin_offsetof(FwdParams, softcap_out) == 204, "FwdParams.softcap_out");
+static_assert(__builtin_offsetof(FwdParams, alibi_stride_b) == 208, "FwdParams.alibi_stride_b");
 #endif
 
 // Backward kernels (fa2_backward.cu).
@@ -118,8 +126,12 @@ struct BwdParams {
     float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
     int window_left;                // LOCAL masks: keys before the diagonal
     int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: >= 0)
+    const float* alibi_slopes;      // ALiBi slopes per (batch, head), float32
+    float softcap_in;               // softmax_scale / softcap (0: no softcap)
+    float softcap_out;              // softcap / softmax_scale
+    int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
 };
-static_assert(sizeof(BwdParams) == 320, "BwdParams: size differs from cuflash/_params.py");
+static_assert(sizeof(BwdParams) == 344, "BwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(BwdParams, q) == 0, "BwdParams.q");
 static_assert(__builtin_offsetof(BwdParams, k) == 8, "BwdParams.k");
@@ -168,6 +180,10 @@ static_assert(__builtin_offsetof(BwdParams, softmax_scale) == 304, "BwdParams.so
 static_assert(__builtin_offsetof(BwdParams, scale_log2) == 308, "BwdParams.scale_log2");
 static_assert(__builtin_offsetof(BwdParams, window_left) == 312, "BwdParams.window_left");
 static_assert(__builtin_offsetof(BwdParams, window_right) == 316, "BwdParams.window_right");
+static_assert(__builtin_offsetof(BwdParams, alibi_slopes) == 320, "BwdParams.alibi_slopes");
+static_assert(__builtin_offsetof(BwdParams, softcap_in) == 328, "BwdParams.softcap_in");
+static_assert(__builtin_offsetof(BwdParams, softcap_out) == 332, "BwdParams.softcap_out");
+static_assert(__builtin_offsetof(BwdParams, alibi_stride_b) == 336, "BwdParams.alibi_stride_b");
 #endif
 
 // Hopper forward kernel (fa2_forward_sm90.cu).
@@ -203,6 +219,10 @@ struct Sm90FwdParams {
     float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
     int window_left;                // LOCAL masks: keys before the diagonal
     int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: >= 0)
+    const float* alibi_slopes;      // ALiBi slopes per (batch, head), float32
+    float softcap_in;               // softmax_scale / softcap (0: no softcap)
+    float softcap_out;              // softcap / softmax_scale
+    int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
     int nheads;                     // query heads (the persistent grid's tiles)
     int batch;                      // batch entries (the persistent grid's tiles)
     int per_unit;                   // tiles per unit of work: 1, or 2 (causal rows T_r-1-r and r)
@@ -240,9 +260,13 @@ static_assert(__builtin_offsetof(Sm90FwdParams, softmax_scale) == 560, "Sm90FwdP
 static_assert(__builtin_offsetof(Sm90FwdParams, scale_log2) == 564, "Sm90FwdParams.scale_log2");
 static_assert(__builtin_offsetof(Sm90FwdParams, window_left) == 568, "Sm90FwdParams.window_left");
 static_assert(__builtin_offsetof(Sm90FwdParams, window_right) == 572, "Sm90FwdParams.window_right");
-static_assert(__builtin_offsetof(Sm90FwdParams, nheads) == 576, "Sm90FwdParams.nheads");
-static_assert(__builtin_offsetof(Sm90FwdParams, batch) == 580, "Sm90FwdParams.batch");
-static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 584, "Sm90FwdParams.per_unit");
+static_assert(__builtin_offsetof(Sm90FwdParams, alibi_slopes) == 576, "Sm90FwdParams.alibi_slopes");
+static_assert(__builtin_offsetof(Sm90FwdParams, softcap_in) == 584, "Sm90FwdParams.softcap_in");
+static_assert(__builtin_offsetof(Sm90FwdParams, softcap_out) == 588, "Sm90FwdParams.softcap_out");
+static_assert(__builtin_offsetof(Sm90FwdParams, alibi_stride_b) == 592, "Sm90FwdParams.alibi_stride_b");
+static_assert(__builtin_offsetof(Sm90FwdParams, nheads) == 596, "Sm90FwdParams.nheads");
+static_assert(__builtin_offsetof(Sm90FwdParams, batch) == 600, "Sm90FwdParams.batch");
+static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 604, "Sm90FwdParams.per_unit");
 #endif
 
 }  // namespace cuflash

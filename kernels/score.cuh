@@ -1,12 +1,20 @@
 // score.cuh: what happens to a score S_ij = Q_i K_j^T before the softmax.
 //
 // The kernels hold S unscaled in their accumulators and call the score hook, then the softmax
-// exponentiates with exp2(exp2_scale * S - ...). The hook of today, ScoreScale, folds the
-// softmax scale into that exponent (one FMA per element, log2(e) included) and rewrites nothing.
-// Softcap (S -> cap * tanh(scale S / cap)) and ALiBi (S -> S - slope |i + seqlen_k - seqlen_q -
-// j|) are hooks that rewrite S element by element, given the row and key indices, and say what
-// the softmax then multiplies by; the kernels already pass every element through `apply` when
-// a hook's REWRITES is true, and the backward will need the hook's derivative (dS).
+// exponentiates with exp2(exp2_scale * S - ...). Two hooks:
+//   ScoreScale  folds the softmax scale into that exponent (one FMA per element, log2(e)
+//               included) and rewrites nothing (REWRITES = false: no kernel calls apply);
+//   ScoreHook   FlashAttention-2's softcap and ALiBi, element by element, given the row and key
+//               indices: S -> softcap tanh(scale S / softcap) (softcap > 0), then
+//               S -> S - slope |row + seqlen_k - seqlen_q - col| (ALiBi slopes given). It keeps
+//               its result in S's unscaled units (divided by the scale), so that the softmax's
+//               exponent and L = m lse_scale + log l stay as they are. Both features are
+//               runtime parameters of the one hooked kernel (a kernel per combination would
+//               double the compiled specialisations again); the plain path keeps ScoreScale.
+// The backward needs the hook's derivative for dS: apply(s, row, col, dfactor) also gives
+// dfactor = 1 - tanh^2 with the softcap, 1 without (ALiBi's bias has none): d(hooked)/dS is
+// dfactor, and the kernels apply the scale after their matmuls, as without a hook.
+// cuflash/reference.py mirrors both (Score).
 #pragma once
 
 namespace cuflash {
@@ -19,8 +27,63 @@ struct ScoreScale {
     template <class Params>
     __device__ __forceinline__ explicit ScoreScale(const Params& p)
         : exp2_scale(p.scale_log2), lse_scale(p.softmax_scale) {}
+    // (the hooked kernels' constructor, for kernels written for either hook)
+    template <class Params>
+    __device__ __forceinline__ ScoreScale(const Params& p, int /*batch*/, int /*head*/)
+        : ScoreScale(p) {}
 
-    __device__ __forceinline__ float apply(float s, int /*row*/, int /*col*/) const { return s; }
+    template <class Params>
+    __device__ __forceinline__ float apply(const Params&, float s, int, int) const { return s; }
+    template <class Params>
+    __device__ __forceinline__ float apply(const Params&, float s, int, int,
+                                           float& dfactor) const {
+        dfactor = 1.f;
+        return s;
+    }
+};
+
+// tanh on the special-function unit (sm_75+): relative error about 2^-11, below the rounding
+// of a 16-bit P.
+__device__ __forceinline__ float tanh_approx(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// The hook keeps one register of its own (this (batch, head)'s ALiBi slope); the softcap's
+// factors and the lengths are read from the parameters where it is applied (a hook holding
+// them pushed the register-tight backward tiles into spills).
+struct ScoreHook {
+    static constexpr bool REWRITES = true;
+    float exp2_scale, lse_scale;  // as ScoreScale's
+    float slope;                  // this (batch, head)'s ALiBi slope, over the scale (0: none)
+
+    template <class Params>
+    __device__ __forceinline__ ScoreHook(const Params& p, int batch, int head)
+        : exp2_scale(p.scale_log2), lse_scale(p.softmax_scale),
+          slope(p.alibi_slopes ? p.alibi_slopes[batch * p.alibi_stride_b + head] /
+                                     p.softmax_scale
+                               : 0.f) {}
+
+    // The hooked score of S at (row, col), in S's units, and its derivative with respect to
+    // S (dfactor: 1 - tanh^2 with the softcap, else 1). (The lengths are the parameters':
+    // variable-length batches will pass each sequence's.)
+    template <class Params>
+    __device__ __forceinline__ float apply(const Params& p, float s, int row, int col,
+                                           float& dfactor) const {
+        dfactor = 1.f;
+        if (p.softcap_in != 0.f) {  // (uniform: every lane of the kernel takes the same way)
+            const float t = tanh_approx(s * p.softcap_in);
+            s = p.softcap_out * t;
+            dfactor = 1.f - t * t;
+        }
+        return s - slope * static_cast<float>(abs(row + p.seqlen_k - p.seqlen_q - col));
+    }
+    template <class Params>
+    __device__ __forceinline__ float apply(const Params& p, float s, int row, int col) const {
+        float unused;
+        return apply(p, s, row, col, unused);
+    }
 };
 
 }  // namespace cuflash

@@ -59,17 +59,16 @@ def make_qkv(shape_q, shape_k, dtype, strided, scale_q=1.0, scale_kv=1.0):
 
 
 def run_and_check(q, k, v, causal, softmax_scale=None, factor=2.0, algorithm="fa2",
-                  window_size=(-1, -1)):
+                  **features):
+    """features: window_size, softcap, alibi_slopes, as forward() takes them."""
     b, sq, h, d = q.shape
     out = poisoned(cp, q.shape, q.dtype)
     lse = poisoned(cp, (b, h, sq), cp.float32)
     out2, lse2 = cuflash.forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                 out=out, lse=lse, algorithm=algorithm, window_size=window_size)
+                                 out=out, lse=lse, algorithm=algorithm, **features)
     assert out2 is out and lse2 is lse
-    O_ref, L_ref = reference.attention_naive(q, k, v, causal, softmax_scale,
-                                             window_size=window_size)
-    naive = reference.attention_naive_same_dtype(q, k, v, causal, softmax_scale,
-                                                 window_size=window_size)
+    O_ref, L_ref = reference.attention_naive(q, k, v, causal, softmax_scale, **features)
+    naive = reference.attention_naive_same_dtype(q, k, v, causal, softmax_scale, **features)
     errs = assert_accurate(cp, out, naive, O_ref, factor, "out")
     assert_lse(cp, lse, L_ref)
     return out, lse, errs
@@ -185,6 +184,23 @@ def test_sliding_windows(window, causal, d, family):
     for sq, sk, dt in ((259, 1031, "bf16"), (700, 301, "fp16")):
         q, k, v = make_qkv((1, sq, 4, d), (1, sk, 2, d), DTYPES[dt], False)
         run_and_check(q, k, v, causal, window_size=window)
+
+
+@pytest.mark.parametrize("softcap,alibi", [(30.0, None), (2.0, None), (0.0, "h"), (0.0, "bh"),
+                                           (5.0, "bh")], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_softcap_and_alibi(softcap, alibi, causal, d, family):
+    """The score hook (FlashAttention-2's softcap and ALiBi) through both families, with a
+    window too; slopes per head or per (batch, head)."""
+    rng = np.random.default_rng(d)
+    for sq, sk, dt in ((259, 1031, "bf16"), (700, 301, "fp16")):
+        q, k, v = make_qkv((2, sq, 4, d), (2, sk, 2, d), DTYPES[dt], False, 3.0)
+        slopes = None if alibi is None else cp.asarray(
+            rng.uniform(0.01, 0.5, (4,) if alibi == "h" else (2, 4)).astype(np.float32))
+        run_and_check(q, k, v, causal, softcap=softcap, alibi_slopes=slopes)
+        run_and_check(q, k, v, causal, softcap=softcap, alibi_slopes=slopes,
+                      window_size=(97, 0 if causal else 13))
 
 
 def test_window_of_256_over_16k_keys(family):

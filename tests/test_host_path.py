@@ -313,7 +313,8 @@ def test_window_picks_the_mask_and_packs_its_sides(fake, monkeypatch, family, wi
         name = _plan.forward_kernel_name("float16", cfg, upper, local)
     else:
         _api.forward(q, k, v, causal=causal, window_size=window)
-        cfg = _plan.sm90_forward_config(128, upper, 700)
+        cfg = _plan.sm90_forward_config(128, upper, None if local else 700)  # (no short
+        # tile with a window or the hook)
         name = _plan.sm90_forward_kernel_name("float16", cfg, upper, local)
     ((kname, _, _, _, p),) = fake
     assert kname == name and kname.endswith(", true>>") == local
@@ -343,3 +344,64 @@ def test_fa1_takes_no_window(fake):
     with pytest.raises(ValueError, match="window_size needs algorithm='fa2'"):
         _api.forward(q, k, v, window_size=(8, 0), algorithm="fa1")
     _api.forward(q, k, v, causal=True, window_size=(-1, 0), algorithm="fa1")  # (plain causal)
+
+
+@pytest.mark.parametrize("slopes_shape", [None, (8,), (2, 8)])
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+@pytest.mark.parametrize("family", ["portable", "sm90"])
+def test_score_hook_picks_the_hooked_kernel_and_packs_it(fake, monkeypatch, family, softcap,
+                                                         slopes_shape):
+    """softcap and alibi_slopes -> the kernels with ScoreHook and its three fields, in both
+    forward families and the backward; neither -> today's kernels."""
+    monkeypatch.setattr(_tma, "_encode", lambda addr, *a: 0)
+    q, k, v = _qkv(2, 333, 700, 8, 2, 128)
+    slopes = None if slopes_shape is None else FakeArray(np.full(slopes_shape, 0.5, np.float32))
+    hooked = softcap > 0 or slopes is not None
+    kw = dict(causal=True, softcap=softcap, alibi_slopes=slopes)
+    if family == "portable":
+        with _api.portable_kernels():
+            _api.forward(q, k, v, **kw)
+    else:
+        _api.forward(q, k, v, **kw)
+    ((name, _, _, _, p),) = fake
+    assert name.endswith("cuflash::ScoreHook>") == hooked
+    scale = 128 ** -0.5
+    assert p["softcap_in"] == pytest.approx(scale / softcap if softcap else 0.0)
+    assert p["softcap_out"] == pytest.approx(softcap / scale if softcap else 1.0)
+    assert p["alibi_slopes"] == (0 if slopes is None else slopes.data.ptr)
+    assert p["alibi_stride_b"] == (8 if slopes_shape == (2, 8) else 0)
+    fake.clear()
+    dout = FakeArray(np.ones(q.shape, np.float16))
+    lse = FakeArray(np.zeros((2, 8, 333), np.float32))
+    if hooked:  # (the backward's hooked kernel is not planned yet: a clear refusal)
+        with pytest.raises(NotImplementedError, match="does not take softcap"):
+            _api.backward(dout, q, k, v, dout, lse, **kw)
+        assert not fake
+        return
+    _api.backward(dout, q, k, v, dout, lse, **kw)
+    _, main, _ = fake
+    assert not main[0].endswith("cuflash::ScoreHook>")
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(softcap=-1.0), "softcap must be"), (dict(softcap=float("nan")), "softcap must be"),
+    (dict(softcap=True), "softcap must be"), (dict(softcap="3"), "softcap must be"),
+    (dict(softcap=1e39), "softcap must be"),
+    (dict(alibi_slopes=np.zeros(2, np.float32)), "numpy.ndarray"),
+    (dict(alibi_slopes="s"), "must be a cupy.ndarray"),
+    (dict(alibi_slopes=FakeArray(np.zeros(2, np.float64))), "float32 of shape"),
+    (dict(alibi_slopes=FakeArray(np.zeros(3, np.float32))), "float32 of shape"),
+    (dict(alibi_slopes=FakeArray(np.zeros((2, 1), np.float32))), "float32 of shape"),
+    (dict(alibi_slopes=FakeArray(np.zeros((1, 4), np.float32)[:, ::2])), "C-contiguous"),
+])
+def test_bad_score_hook_arguments_are_rejected(fake, kw, match):
+    q, k, v = _qkv(1, 33, 33, 2, 2, 64)
+    with pytest.raises((ValueError, TypeError), match=match):
+        _api.forward(q, k, v, **kw)
+    assert not fake
+
+
+def test_fa1_takes_no_score_hook(fake):
+    q, k, v = _qkv(1, 33, 33, 2, 2, 64)
+    with pytest.raises(ValueError, match="need algorithm='fa2'"):
+        _api.forward(q, k, v, softcap=5.0, algorithm="fa1")

@@ -2,6 +2,8 @@
 (the checks read metadata only); the public entry point's type check needs CuPy importable
 but no GPU."""
 
+import itertools
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -180,9 +182,10 @@ def test_each_architecture_class_builds_the_shapes_planned_for_it():
         if arch == "90a":  # the Hopper forward family alone, its tiles per padded head dim
             tiles = {(cfg, c) for HD in _plan.HEAD_DIM_BUCKETS for c in (False, True)
                      for cfg in _plan.sm90_forward_configs(HD, c)}
-            assert names == {_plan.sm90_forward_kernel_name(dt, cfg, c, local)
+            assert names == {_plan.sm90_forward_kernel_name(dt, cfg, c, local, hooked)
                              for dt in _plan.ELEMENT_TAGS for cfg, c in tiles
-                             for local in (False, True)}  # (local: sliding windows)
+                             for local in (False, True)  # (sliding windows)
+                             for hooked in (False, True)}  # (the score hook)
             assert all(cfg.smem_bytes <= smems[0] for cfg, _ in tiles)
             continue
         bulk = _plan.has_bulk_copy(int(arch))  # the dQ bulk reduction: sm_90 only
@@ -195,19 +198,22 @@ def test_each_architecture_class_builds_the_shapes_planned_for_it():
                     assert cfg.smem_bytes <= smem
                     # bulk dQ wherever the GPU has it (every head dim has a spill-free one)
                     assert bool(cfg.dq_bulk) == bulk
-                    for causal, local in ((True, False), (False, True), (True, True)):
-                        cfg = _plan.backward_config(HD, smem, bulk, local)  # (local: windows)
+                    for causal, local, hooked in itertools.product((False, True), (False, True),
+                                                                   (False,)):
+                        # (local: sliding windows; hooked: softcap, ALiBi, forward only yet)
+                        cfg = _plan.backward_config(HD, smem, bulk, local, hooked)
                         assert cfg.smem_bytes <= smem and bool(cfg.dq_bulk) == bulk
-                        assert _plan.backward_kernel_name(dt, cfg, causal, local=local) in names
+                        assert _plan.backward_kernel_name(dt, cfg, causal, local=local,
+                                                          hooked=hooked) in names
                         if bulk:  # the deterministic mode's ordered-additions kernel
-                            assert _plan.backward_kernel_name(dt, cfg, causal, True,
-                                                              local) in names
+                            assert _plan.backward_kernel_name(dt, cfg, causal, True, local,
+                                                              hooked) in names
                         assert _plan.backward_dq_name(dt, cfg, causal, local) in names
                 for HD in _plan.HEAD_DIM_BUCKETS:
-                    for local in (False, True):  # (local: sliding windows)
-                        cfg = _plan.forward_config(HD, False, smem, local=local)
+                    for local, hooked in itertools.product((False, True), repeat=2):
+                        cfg = _plan.forward_config(HD, False, smem, local=local, hooked=hooked)
                         assert cfg.smem_bytes <= smem
-                        assert _plan.forward_kernel_name(dt, cfg, False, local) in names
+                        assert _plan.forward_kernel_name(dt, cfg, False, local, hooked) in names
     # A100 and H200 take different d = 256 backward shapes (163 KB vs 227 KB).
     assert _plan.backward_config(256, 163 * 1024) != _plan.backward_config(256, 227 * 1024)
 
