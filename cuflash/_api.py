@@ -726,11 +726,6 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
     scale = _softmax_scale(softmax_scale, d)
     causal, local, left, right = _window(causal, window_size, seqlen_q, seqlen_k)
     hooked, cap, slopes, slopes_b = _hook(cupy, softcap, alibi_slopes, q)
-    if hooked:
-        raise NotImplementedError(
-            "backward() does not take softcap or alibi_slopes yet (the forward does): the "
-            "backward kernel with the score hook is written (kernels/fa2_backward.cu) but "
-            "every tile spills with it, and its tiles are still to be chosen")
 
     with _on_device(cupy, device_id):
         grads, given = [], {}

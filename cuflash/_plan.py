@@ -256,11 +256,12 @@ def has_bulk_copy(compute_capability: int) -> bool:
 #     (Sm90ForwardConfig; the H100/H200 run them where TMA can describe q, k and v, and the
 #     "sm90" row otherwise), built as sm_90a code.
 #   passes: "fwd"; "fwd_feat", "bwd_feat": kernels with a sliding window or the score hook,
-#     where listed; "fwd_short", key sequences of at most SHORT_KEYS[HD] keys (non-causal,
-#     causal), where listed (class sm90a: SM90_SHORT_KEYS); "bwd".
+#     where listed; "bwd_hook": the backward with the score hook; "fwd_short", key sequences
+#     of at most SHORT_KEYS[HD] keys (non-causal, causal), where listed (class sm90a:
+#     SM90_SHORT_KEYS); "bwd".
 # Each tile is spill-free where it is planned (the compile check enforces it) and was the
-# fastest spill-free shape measured on the H200; PERFORMANCE.md has the measurements behind each
-# choice. Some notes on them:
+# fastest spill-free shape measured on the H200 (the feat and hook rows: not measured yet);
+# PERFORMANCE.md has the measurements behind each choice. Some notes on them:
 #   fwd sm90 d 128 non-causal, 128x64x4 with two K/V stages (32 rows per warp, as
 #     FlashAttention-2's d 128 forward): spill-free as sm_90 (ForwardTile::LEAN), but ptxas
 #     spills it as sm_80; causal: 64x128x4 measured faster. d 96: 64x128x4 with two stages
@@ -394,6 +395,15 @@ def _table() -> dict:
         put("sm80", "bwd", HD, None, atomics[HD])
         put("sm90", "bwd", HD, None, bulk[HD] + atomics[HD])
     put("sm90", "bwd_feat", 64, None, bulk[64][1:] + atomics[64])
+    # bwd_hook: the backward with the score hook (softcap, ALiBi; with or without a window),
+    # where the usual tile spills with it: the first spill-free shape of the usual list, or a
+    # smaller one (single row-block buffer, B_c 64). Chosen for zero spills, not yet for speed.
+    put("sm80", "bwd_hook", 32, None, [_b(32, 64, 128, 8, 4, 4, 4, 1, 0)])
+    put("sm80", "bwd_hook", 64, None, [_b(64, 64, 64, 8, 4, 2, 2, 1, 0)])
+    put("sm80", "bwd_hook", 96, None, [_b(96, 64, 64, 8, 4, 4, 4, 1, 0)])
+    put("sm90", "bwd_hook", 32, None, [_b(32, 64, 128, 8, 4, 4, 4, 1, dq) for dq in (2, 1, 0)])
+    put("sm90", "bwd_hook", 64, None, [_b(64, 64, 64, 8, 4, 2, 2, 1, dq) for dq in (2, 1, 0)])
+    put("sm90", "bwd_hook", 96, None, [_b(96, 64, 64, 8, 4, 4, 4, 1, dq) for dq in (2, 1, 0)])
 
     # the Hopper forward (class sm90a: H100/H200, kernels/fa2_forward_sm90.cu), one tile per
     # bucket and mask, from the H200 sweep of 2026-11-30 (bf16, kernel timing,
@@ -540,6 +550,8 @@ def backward_config(HD: int, max_smem_bytes: int = 227 * 1024,
     sm90 class (227 KB) takes bulk tiles; `bulk=False` forces the dQ-atomics tiles. local,
     hooked: the kernels with a sliding window, with the score hook."""
     cls = "sm90" if bulk and gpu_class(max_smem_bytes) == "sm90" else "sm80"
+    if hooked and (cls, "bwd_hook", HD, False) in TILES:
+        return _first_fitting((cls, "bwd_hook", HD, False), max_smem_bytes)
     if (local or hooked) and (cls, "bwd_feat", HD, False) in TILES:
         return _first_fitting((cls, "bwd_feat", HD, False), max_smem_bytes)
     return _first_fitting((cls, "bwd", HD, False), max_smem_bytes)

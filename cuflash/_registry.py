@@ -153,8 +153,6 @@ def fa2_backward_plan(dtype_name: str, HD: int, causal: bool, max_smem: int, bul
 
 
 def _fa2_backward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False) -> list:
-    if hooked:  # (not yet: every tile spills with the hook; backward() says so)
-        return []
     try:
         cfg = _plan.backward_config(HD, smem, bulk, local, hooked)
     except RuntimeError:  # does not fit this GPU: backward() raises there

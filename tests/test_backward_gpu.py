@@ -175,8 +175,6 @@ def test_backward_sliding_windows(window, causal, deterministic):
                                            (5.0, True)], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.xfail(raises=NotImplementedError, strict=True,
-                   reason="the backward's hooked kernel spills on every tile; tiles to be chosen")
 def test_backward_softcap_and_alibi(softcap, alibi, causal, deterministic):
     """Gradients through the score hook (the softcap's 1 - tanh^2; ALiBi's bias has none)."""
     rng = np.random.default_rng(3)

@@ -373,14 +373,13 @@ def test_score_hook_picks_the_hooked_kernel_and_packs_it(fake, monkeypatch, fami
     fake.clear()
     dout = FakeArray(np.ones(q.shape, np.float16))
     lse = FakeArray(np.zeros((2, 8, 333), np.float32))
-    if hooked:  # (the backward's hooked kernel is not planned yet: a clear refusal)
-        with pytest.raises(NotImplementedError, match="does not take softcap"):
-            _api.backward(dout, q, k, v, dout, lse, **kw)
-        assert not fake
-        return
     _api.backward(dout, q, k, v, dout, lse, **kw)
     _, main, _ = fake
-    assert not main[0].endswith("cuflash::ScoreHook>")
+    assert main[0].endswith("cuflash::ScoreHook>") == hooked
+    bcfg = _plan.backward_config(128, 227 * 1024, True, hooked=hooked)
+    assert main[0] == _plan.backward_kernel_name("float16", bcfg, True, hooked=hooked)
+    assert (main[4]["softcap_in"], main[4]["alibi_stride_b"]) == \
+        (p["softcap_in"], p["alibi_stride_b"])
 
 
 @pytest.mark.parametrize("kw,match", [
