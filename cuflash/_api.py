@@ -403,7 +403,8 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
     ValueError
         Shapes that do not match, an unsupported head dim, strides that are not whole elements
         or a last dim that is not contiguous, arrays on different GPUs, a bad softmax_scale or
-        algorithm, a misaligned or overlapping output buffer.
+        algorithm, a bad window_size, softcap or alibi_slopes (or one of them with
+        ``algorithm="fa1"``), a misaligned or overlapping output buffer.
     RuntimeError
         A GPU older than sm_80.
     cuflash.KernelCompileError
