@@ -256,7 +256,8 @@ def has_bulk_copy(compute_capability: int) -> bool:
 #     (Sm90ForwardConfig; the H100/H200 run them where TMA can describe q, k and v, and the
 #     "sm90" row otherwise), built as sm_90a code.
 #   passes: "fwd"; "fwd_feat", "bwd_feat": kernels with a sliding window or the score hook,
-#     where listed; "bwd_hook": the backward with the score hook; "fwd_short", key sequences
+#     where listed; "bwd_hook", "fwd_hook" (class sm90a): the backward and the Hopper forward
+#     with the score hook, where listed; "fwd_short", key sequences
 #     of at most SHORT_KEYS[HD] keys (non-causal, causal), where listed (class sm90a:
 #     SM90_SHORT_KEYS); "bwd".
 # Each tile is spill-free where it is planned (the compile check enforces it) and was the
@@ -434,6 +435,9 @@ def _table() -> dict:
     put("sm90a", "fwd", 256, None, [_h(256, 80, 2, lazy=True)])
     put("sm90a", "fwd_short", 64, False, [_h(64, 128, 4, consumers=3)])
     put("sm90a", "fwd_short", 64, True, [_h(64, 128, 4)])
+    # fwd_hook: with the score hook, the three-warpgroup d 64 tile spills (its 160 registers
+    # hold no more); the two-warpgroup short tile takes every length.
+    put("sm90a", "fwd_hook", 64, None, [_h(64, 128, 4)])
     put("sm90a", "fwd_short", 128, None, [_h(128, 128, 2)])
     put("sm90a", "fwd_short", 256, None, [_h(256, 64, 2)])
     return t
@@ -451,10 +455,14 @@ def sm90_head_dim_bucket(d: int) -> int:
 SM90_SHORT_KEYS = {64: (2048, 2048), 128: (512, 4096), 256: (512, 1024)}
 
 
-def sm90_forward_config(d: int, causal: bool,
-                        seqlen_k: int | None = None) -> Sm90ForwardConfig:
+def sm90_forward_config(d: int, causal: bool, seqlen_k: int | None = None,
+                        hooked: bool = False) -> Sm90ForwardConfig:
     """The Hopper forward's tile for head dim d (TILES, class "sm90a"), for keys of length
-    `seqlen_k` where given (the short-sequence tile up to SM90_SHORT_KEYS)."""
+    `seqlen_k` where given (the short-sequence tile up to SM90_SHORT_KEYS); hooked: the kernel
+    with the score hook ("fwd_hook" where listed)."""
+    hook_key = ("sm90a", "fwd_hook", sm90_head_dim_bucket(d), bool(causal))
+    if hooked and hook_key in TILES:
+        return TILES[hook_key][0]
     short = sm90_forward_short(d, causal, seqlen_k)
     return TILES[("sm90a", "fwd_short" if short else "fwd", sm90_head_dim_bucket(d),
                   bool(causal))][0]
@@ -472,10 +480,10 @@ SM90_SHORT_LIMIT = {(d, c): SM90_SHORT_KEYS[HD][int(c)]
                     if (HD := sm90_head_dim_bucket(d)) in SM90_SHORT_KEYS}
 
 
-def sm90_forward_configs(d: int, causal: bool) -> list[Sm90ForwardConfig]:
+def sm90_forward_configs(d: int, causal: bool, hooked: bool = False) -> list[Sm90ForwardConfig]:
     """Every tile sm90_forward_config can pick for head dim d: the usual one and, where the
     bucket has one, the short-sequence one (distinct, in that order)."""
-    return list(dict.fromkeys(sm90_forward_config(d, causal, n) for n in (None, 1)))
+    return list(dict.fromkeys(sm90_forward_config(d, causal, n, hooked) for n in (None, 1)))
 
 
 def sm90_forward_kernel_name(dtype_name: str, cfg: Sm90ForwardConfig, causal: bool,

@@ -112,12 +112,14 @@ fa1_forward(const FwdParams p) {
                 });
             if constexpr (ScoreScale::REWRITES) {  // the score hook (score.cuh)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
+                for (int e = 0; e < 4; ++e) {
+                    const float dist = score.diagonal(p, row0 + warp * 16 + lane / 4 + (e / 2) * 8,
+                                                      col0 + (lane % 4) * 2);
 #pragma unroll
                     for (int nt = 0; nt < NT_S; ++nt)
                         s[nt][e] = score.apply(p, s[nt][e],
-                                               row0 + warp * 16 + lane / 4 + (e / 2) * 8,
-                                               col0 + nt * 8 + (lane % 4) * 2 + e % 2);
+                                               dist - static_cast<float>(nt * 8 + e % 2));
+                }
             }
             // S_ij[r, c] = -inf where key c is not visible from query r (mask.cuh)
             if (block_needs_mask<B_r, B_c>(mask, i, j))

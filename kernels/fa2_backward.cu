@@ -502,6 +502,7 @@ fa2_backward(const BwdParams p) {
                     const KeyRange keys = MaskT(p, seqlen_q, seqlen_k).keys(row0 + r);
                     const int lo = keys.lo - col0 - s_n * Tile::S_NW - (lane_id() % 4) * 2;
                     const int hi = keys.hi - col0 - s_n * Tile::S_NW - (lane_id() % 4) * 2;
+                    const float dist = hook.diagonal(p, row0 + r, lane_col);  // (score.cuh)
 #pragma unroll
                     for (int nt = 0; nt < S_NT; ++nt) {
                         // P_ij at columns lane_col + nt * 8 + e1, and the hook's derivative
@@ -510,7 +511,8 @@ fa2_backward(const BwdParams p) {
                         for (int e1 = 0; e1 < 2; ++e1) {
                             float s = acc[mt][nt][e2 * 2 + e1];
                             if constexpr (Score::REWRITES)  // the score hook (score.cuh)
-                                s = hook.apply(p, s, row0 + r, lane_col + nt * 8 + e1, df[e1]);
+                                s = hook.apply(p, s, dist - static_cast<float>(nt * 8 + e1),
+                                               df[e1]);
                             pe[e1] = exp2_approx(fmaf(s, score.exp2_scale, -l2));
                             if (MASK && MaskT::hidden(nt * 8 + e1, lo, hi)) pe[e1] = 0.f;
                         }

@@ -280,10 +280,11 @@ fa2_forward(const FwdParams p) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int row = row0 + warp * RPW + mt * 16 + lane / 4 + (e / 2) * 8;
+                    const float dist = score.diagonal(p, row, col0 + (lane % 4) * 2);
 #pragma unroll
                     for (int nt = 0; nt < NT_S; ++nt)
-                        s[mt][nt][e] = score.apply(p, s[mt][nt][e], row,
-                                                   col0 + nt * 8 + (lane % 4) * 2 + e % 2);
+                        s[mt][nt][e] = score.apply(p, s[mt][nt][e],
+                                                   dist - static_cast<float>(nt * 8 + e % 2));
                 }
         }
 

@@ -284,11 +284,15 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             // scale alone, which the softmax folds into its exponent).
             if constexpr (Score::REWRITES) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
+                for (int e = 0; e < 4; ++e) {
+                    // (the diagonal distance at this lane's first column: score.cuh)
+                    const float dist = score.diagonal(p, row_lane + (e / 2) * 8,
+                                                      col0 + (lane % 4) * 2);
 #pragma unroll
                     for (int nt = 0; nt < NT_S; ++nt)
-                        s[0][nt][e] = score.apply(p, s[0][nt][e], row_lane + (e / 2) * 8,
-                                                  col0 + nt * 8 + (lane % 4) * 2 + e % 2);
+                        s[0][nt][e] = score.apply(p, s[0][nt][e],
+                                                  dist - static_cast<float>(nt * 8 + e % 2));
+                }
             }
             // Mask (mask.cuh), on blocks that cross a mask limit or the end of K
             // (block_range.cuh): S_ij[r, c] = -inf where key c is not visible from query r.

@@ -11,7 +11,7 @@
 //               exponent and L = m lse_scale + log l stay as they are. Both features are
 //               runtime parameters of the one hooked kernel (a kernel per combination would
 //               double the compiled specialisations again); the plain path keeps ScoreScale.
-// The backward needs the hook's derivative for dS: apply(s, row, col, dfactor) also gives
+// The backward needs the hook's derivative for dS: apply(s, dist, dfactor) also gives
 // dfactor = 1 - tanh^2 with the softcap, 1 without (ALiBi's bias has none): d(hooked)/dS is
 // dfactor, and the kernels apply the scale after their matmuls, as without a hook.
 // cuflash/reference.py mirrors both (Score).
@@ -33,9 +33,11 @@ struct ScoreScale {
         : ScoreScale(p) {}
 
     template <class Params>
-    __device__ __forceinline__ float apply(const Params&, float s, int, int) const { return s; }
+    __device__ __forceinline__ float diagonal(const Params&, int, int) const { return 0.f; }
     template <class Params>
-    __device__ __forceinline__ float apply(const Params&, float s, int, int,
+    __device__ __forceinline__ float apply(const Params&, float s, float) const { return s; }
+    template <class Params>
+    __device__ __forceinline__ float apply(const Params&, float s, float,
                                            float& dfactor) const {
         dfactor = 1.f;
         return s;
@@ -65,11 +67,20 @@ struct ScoreHook {
                                      p.softmax_scale
                                : 0.f) {}
 
-    // The hooked score of S at (row, col), in S's units, and its derivative with respect to
-    // S (dfactor: 1 - tanh^2 with the softcap, else 1). (The lengths are the parameters':
-    // variable-length batches will pass each sequence's.)
+    // The signed distance of key col from query row's diagonal, row + seqlen_k - seqlen_q -
+    // col, as a float. Kernels take it once per row and block at their lane's first column and
+    // subtract each element's column offset (a compile-time constant), so that the hook's
+    // per-element work stays on the FP32 pipe: an int-to-float conversion per element runs on
+    // the quarter-rate unit the exponentials need (exact while |distance| < 2^24 keys).
+    // (The lengths are the parameters': variable-length batches will pass each sequence's.)
     template <class Params>
-    __device__ __forceinline__ float apply(const Params& p, float s, int row, int col,
+    __device__ __forceinline__ float diagonal(const Params& p, int row, int col) const {
+        return static_cast<float>(row + p.seqlen_k - p.seqlen_q - col);
+    }
+    // The hooked score of S at diagonal distance `dist`, in S's units, and its derivative with
+    // respect to S (dfactor: 1 - tanh^2 with the softcap, else 1).
+    template <class Params>
+    __device__ __forceinline__ float apply(const Params& p, float s, float dist,
                                            float& dfactor) const {
         dfactor = 1.f;
         if (p.softcap_in != 0.f) {  // (uniform: every lane of the kernel takes the same way)
@@ -77,12 +88,12 @@ struct ScoreHook {
             s = p.softcap_out * t;
             dfactor = 1.f - t * t;
         }
-        return s - slope * static_cast<float>(abs(row + p.seqlen_k - p.seqlen_q - col));
+        return fmaf(-slope, fabsf(dist), s);  // S - slope |i + seqlen_k - seqlen_q - j|
     }
     template <class Params>
-    __device__ __forceinline__ float apply(const Params& p, float s, int row, int col) const {
+    __device__ __forceinline__ float apply(const Params& p, float s, float dist) const {
         float unused;
-        return apply(p, s, row, col, unused);
+        return apply(p, s, dist, unused);
     }
 };
 
