@@ -48,7 +48,8 @@ def flex_callables(b, h, n, d, left, dtype_name, which):
 
     # (the backward is timed by calling autograd.grad on one graph again and again, which a
     # compiled graph with donated buffers refuses)
-    torch._functorch.config.donated_buffer = False
+    import torch._functorch.config as functorch_config
+    functorch_config.donated_buffer = False
     mask = create_block_mask(sliding, None, None, n, n, device="cuda")
     flex = torch.compile(flex_attention)
     grad = which == "bwd"
