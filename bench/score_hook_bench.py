@@ -62,14 +62,15 @@ def main(argv=None) -> int:
                     for name, make in FEATURES.items():
                         kw = {key: cp.asarray(x) if isinstance(x, np.ndarray) else x
                               for key, x in make(b, h).items()}
+                        qkv = (q, k, v)
                         if which == "fwd":
-                            def fn(kw=kw):
-                                cuflash.forward(q, k, v, causal=causal, **kw)
+                            def fn(kw=kw, qkv=qkv, causal=causal):
+                                cuflash.forward(*qkv, causal=causal, **kw)
                         else:
                             out, lse = cuflash.forward(q, k, v, causal=causal, **kw)
 
-                            def fn(kw=kw, out=out, lse=lse):
-                                cuflash.backward(dout, q, k, v, out, lse, causal=causal, **kw)
+                            def fn(kw=kw, args=(dout, *qkv, out, lse), causal=causal):
+                                cuflash.backward(*args, causal=causal, **kw)
                         ms = bench.median_ms(cp, fn, 3, args.reps)
                         plain_ms = plain_ms or ms
                         rows.append(dict(pass_=which, feature=name, headdim=d, seqlen=n,
