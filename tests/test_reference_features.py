@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from ref_helpers import assert_vjp_matches_finite_differences
 
 from cuflash import reference as ref
 
@@ -205,22 +206,9 @@ def test_naive_backward_matches_finite_differences(kw, causal):
     dout = _rand(rng, 1, 4, 2, 4)
     grads = ref.attention_backward_naive(dout, q, k, v, causal, 0.9, **kw)
 
-    def loss(q_, k_, v_):  # <O, dout>: its gradient is the VJP with dout
-        return float((ref.attention_naive(q_, k_, v_, causal, 0.9, **kw)[0] * dout).sum())
-
-    eps = 1e-6
-    for which, (x, g) in enumerate(zip((q, k, v), grads)):
-        fd = np.zeros_like(x)
-        for idx in np.ndindex(x.shape):
-            args = [q, k, v]
-            plus, minus = x.copy(), x.copy()
-            plus[idx] += eps
-            minus[idx] -= eps
-            args[which] = plus
-            lp = loss(*args)
-            args[which] = minus
-            fd[idx] = (lp - loss(*args)) / (2 * eps)
-        np.testing.assert_allclose(g, fd, rtol=0, atol=1e-7)
+    assert_vjp_matches_finite_differences(
+        lambda q_, k_, v_: ref.attention_naive(q_, k_, v_, causal, 0.9, **kw)[0],
+        q, k, v, dout, grads)
 
 
 def test_same_dtype_references_take_the_features():
