@@ -2,11 +2,14 @@
 definition; the tiled FA2 simulation (the kernel's exact loop) against the naive one."""
 
 import itertools
-import math
 
 import numpy as np
 import pytest
-from ref_helpers import assert_vjp_matches_finite_differences
+from ref_helpers import (
+    assert_same_attention,
+    assert_vjp_matches_finite_differences,
+    attention_by_definition,
+)
 
 from cuflash import _plan
 from cuflash import reference as ref
@@ -16,40 +19,14 @@ def _rand(rng, *shape):
     return rng.standard_normal(shape)
 
 
-def _row_by_row(q, k, v, causal, scale):
-    """Softmax attention written out one query row at a time, from the definition."""
-    b, sq, h, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    out = np.zeros((b, sq, h, d))
-    lse = np.full((b, h, sq), -np.inf)
-    for bi, hi, i in itertools.product(range(b), range(h), range(sq)):
-        kv = hi // (h // hk)
-        keys = [j for j in range(sk) if not causal or j <= i + sk - sq]
-        if not keys:
-            continue
-        s = np.array([scale * q[bi, i, hi] @ k[bi, j, kv] for j in keys])
-        w = np.exp(s - s.max())
-        out[bi, i, hi] = (w / w.sum()) @ v[bi, keys, kv]
-        lse[bi, hi, i] = s.max() + math.log(w.sum())
-    return out, lse
-
-
-def _assert_same(O1, L1, O2, L2, tol):
-    assert np.isfinite(O1).all() and np.isfinite(O2).all()
-    np.testing.assert_allclose(O1, O2, rtol=0, atol=tol)
-    assert (np.isneginf(L1) == np.isneginf(L2)).all()
-    finite = np.isfinite(L1)
-    np.testing.assert_allclose(L1[finite], L2[finite], rtol=0, atol=tol)
-
-
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq,sk,h,hk", [(5, 5, 2, 2), (7, 3, 4, 2), (3, 9, 3, 1), (1, 1, 1, 1)])
 def test_naive_matches_definition(sq, sk, h, hk, causal):
     rng = np.random.default_rng(sq * 100 + sk)
     q, k, v = _rand(rng, 2, sq, h, 8), _rand(rng, 2, sk, hk, 8), _rand(rng, 2, sk, hk, 8)
     O, L = ref.attention_naive(q, k, v, causal, softmax_scale=0.7)
-    O2, L2 = _row_by_row(q, k, v, causal, 0.7)
-    _assert_same(O, L, O2, L2, 1e-12)
+    O2, L2 = attention_by_definition(q, k, v, 0.7, causal=causal)
+    assert_same_attention(O, L, O2, L2, 1e-12)
 
 
 CASES = [
@@ -91,7 +68,7 @@ def test_tiled_forward_equals_naive(case, causal, tiled):
     q, k, v = case_inputs(case, 0)
     O, L = ref.attention_naive(q, k, v, causal)
     O2, L2 = tiled(q, k, v, causal, B_r=B_r, B_c=B_c)
-    _assert_same(O, L, O2, L2, 1e-12)
+    assert_same_attention(O, L, O2, L2, 1e-12)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -107,7 +84,7 @@ def test_hopper_tiles_visit_the_right_blocks(tile, causal):
         q, k, v = case_inputs((1, sq, sk, 2, 1, 8), tile.B_c)
         O, L = ref.attention_naive(q, k, v, causal)
         O2, L2 = ref.attention_fa2_tiled(q, k, v, causal, B_r=tile.B_r, B_c=tile.B_c)
-        _assert_same(O, L, O2, L2, 1e-12)
+        assert_same_attention(O, L, O2, L2, 1e-12)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -122,7 +99,7 @@ def test_lazy_rescaling_equals_naive(growth, causal):
     O, L = ref.attention_naive(q, k, v, causal)
     for t in (0.0, 8.0):
         O2, L2 = ref.attention_fa2_tiled(q, k, v, causal, B_r=16, B_c=8, rescale_log2=t)
-        _assert_same(O, L, O2, L2, 1e-12)
+        assert_same_attention(O, L, O2, L2, 1e-12)
 
 
 def test_fully_masked_rows_are_zero_with_lse_minus_inf():

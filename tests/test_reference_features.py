@@ -3,54 +3,20 @@ softcap, ALiBi and variable-length batches. The naive attention against a per-ro
 and finite differences; the tiled FA2 simulations (the kernels' block ranges and element
 masks) against the naive attention; the block ranges against the mask."""
 
-import itertools
-import math
 
 import numpy as np
 import pytest
-from ref_helpers import assert_vjp_matches_finite_differences
+from ref_helpers import (
+    assert_same_attention,
+    assert_vjp_matches_finite_differences,
+    attention_by_definition,
+)
 
 from cuflash import reference as ref
 
 
 def _rand(rng, *shape):
     return rng.standard_normal(shape)
-
-
-def _definition(q, k, v, scale, window=(-1, -1), causal=False, softcap=0.0, slopes=None):
-    """Each query row written out from FlashAttention-2's definitions: the keys of a window
-    around the bottom-right diagonal, softcap tanh(s / softcap) on the scaled score, minus
-    slope |i + sk - sq - j|."""
-    b, sq, h, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    left, right = window
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    out, lse = np.zeros((b, sq, h, d)), np.full((b, h, sq), -np.inf)
-    for bi, hi, i in itertools.product(range(b), range(h), range(sq)):
-        diag = i + sk - sq
-        keys = [j for j in range(sk) if (left < 0 or j >= diag - left) and
-                (right < 0 or j <= diag + right)]
-        if not keys:
-            continue
-        s = np.array([scale * q[bi, i, hi] @ k[bi, j, hi // (h // hk)] for j in keys])
-        if softcap > 0:
-            s = softcap * np.tanh(s / softcap)
-        if slopes is not None:
-            slope = slopes[hi] if np.ndim(slopes) == 1 else slopes[bi, hi]
-            s = s - slope * np.abs(diag - np.array(keys))
-        w = np.exp(s - s.max())
-        out[bi, i, hi] = (w / w.sum()) @ v[bi, keys, hi // (h // hk)]
-        lse[bi, hi, i] = s.max() + math.log(w.sum())
-    return out, lse
-
-
-def _assert_same(O1, L1, O2, L2, tol):
-    assert np.isfinite(O1).all() and np.isfinite(O2).all()
-    np.testing.assert_allclose(O1, O2, rtol=0, atol=tol)
-    assert (np.isneginf(L1) == np.isneginf(L2)).all()
-    finite = np.isfinite(L1)
-    np.testing.assert_allclose(L1[finite], L2[finite], rtol=0, atol=tol)
 
 
 WINDOWS = [(-1, -1), (0, 0), (3, -1), (-1, 2), (4, 1), (7, 0), (0, 5), (40, 40)]
@@ -135,7 +101,7 @@ def test_window_skips_blocks():
     dict(window=(4, 2), softcap=1.5, slopes="h"),
 ], ids=lambda f: "_".join(f"{k}{v}" for k, v in f.items()))
 @pytest.mark.parametrize("sq,sk,h,hk", [(5, 9, 2, 1), (9, 5, 4, 2), (1, 1, 1, 1)])
-def test_naive_matches_definition(sq, sk, h, hk, features):
+def test_naive_matchesattention_by_definition(sq, sk, h, hk, features):
     rng = np.random.default_rng(sq * 10 + sk)
     q, k, v = _rand(rng, 2, sq, h, 8), _rand(rng, 2, sk, hk, 8), _rand(rng, 2, sk, hk, 8)
     slopes = {None: None, "h": rng.uniform(0.1, 1, h),
@@ -144,8 +110,8 @@ def test_naive_matches_definition(sq, sk, h, hk, features):
               alibi_slopes=slopes)
     causal = features.get("causal", False)
     O, L = ref.attention_naive(q, k, v, causal, 0.6, **kw)
-    O2, L2 = _definition(q, k, v, 0.6, kw["window_size"], causal, kw["softcap"], slopes)
-    _assert_same(O, L, O2, L2, 1e-12)
+    O2, L2 = attention_by_definition(q, k, v, 0.6, kw["window_size"], causal, kw["softcap"], slopes)
+    assert_same_attention(O, L, O2, L2, 1e-12)
 
 
 CASES = [
@@ -180,10 +146,10 @@ def test_tiled_forward_and_backward_equal_naive(case, window, softcap, alibi):
         kw = dict(window_size=window, softcap=softcap, alibi_slopes=slopes if alibi else None)
         O, L = ref.attention_naive(q, k, v, causal, **kw)
         O2, L2 = ref.attention_fa2_tiled(q, k, v, causal, B_r=B_r, B_c=B_c, **kw)
-        _assert_same(O, L, O2, L2, 1e-12)
+        assert_same_attention(O, L, O2, L2, 1e-12)
         O3, L3 = ref.attention_fa2_tiled(q, k, v, causal, B_r=B_r, B_c=B_c, rescale_log2=8,
                                          **kw)
-        _assert_same(O, L, O3, L3, 1e-12)
+        assert_same_attention(O, L, O3, L3, 1e-12)
         naive = ref.attention_backward_naive(dout, q, k, v, causal, **kw)
         tiled = ref.attention_backward_fa2_tiled(dout, q, k, v, O, L, causal, B_r=B_r, B_c=B_c,
                                                  **kw)
