@@ -293,6 +293,22 @@ def _fmt(row):
             f"  host {row['host_us']:7.1f} us{mem}")
 
 
+def no_gpu(script: str) -> bool:
+    """True, after saying why on stderr, where no CUDA GPU is usable (the bench scripts then
+    exit with status 2 instead of failing in the driver)."""
+    from cuflash._api import gpu_missing
+    if gpu_missing():
+        print(f"{script}: {gpu_missing()}. Nothing was run.", file=sys.stderr)
+        return True
+    return False
+
+
+def write_results(path: str, meta: dict, rows: list) -> None:
+    """The bench scripts' JSON: {"meta": ..., "rows": [...]}, its folder made if missing."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
@@ -323,9 +339,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
-    from cuflash._api import gpu_missing
-    if gpu_missing():
-        print(f"bench: {gpu_missing()}. Nothing was run.", file=sys.stderr)
+    if no_gpu("bench"):
         return 2
 
     import cupy as cp
@@ -404,12 +418,10 @@ def main(argv=None) -> int:
                               measure_memory=which == "fwd",
                               log=lambda r: print(_fmt(r), flush=True))
             if args.json:  # after every point, so an interrupted run keeps what it measured
-                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-                Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+                write_results(args.json, meta, rows)
         print(f"[{'#' * 30}] done in {time.perf_counter() - t0:.0f} s")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        write_results(args.json, meta, rows)
         print(f"wrote {args.json}")
     return 0
 

@@ -13,7 +13,6 @@ portable one), with the score hook compiled in (score.cuh); the ratio is feature
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -41,9 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
-    from cuflash._api import gpu_missing
-    if gpu_missing():
-        print(f"score_hook_bench: {gpu_missing()}. Nothing was run.", file=sys.stderr)
+    if bench.no_gpu("score_hook_bench"):
         return 2
     import cupy as cp
     import ml_dtypes
@@ -81,7 +78,7 @@ def main(argv=None) -> int:
     if args.json:
         meta = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
                 "command": "python bench/score_hook_bench.py " + " ".join(sys.argv[1:])}
-        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        bench.write_results(args.json, meta, rows)
     return 0
 
 

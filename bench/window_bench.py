@@ -14,7 +14,6 @@ for the blocks its edges cross.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -75,9 +74,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
-    from cuflash._api import gpu_missing
-    if gpu_missing():
-        print(f"window_bench: {gpu_missing()}. Nothing was run.", file=sys.stderr)
+    if bench.no_gpu("window_bench"):
         return 2
     import cupy as cp
     import ml_dtypes
@@ -130,7 +127,7 @@ def main(argv=None) -> int:
         if args.json:  # after every length, so an interrupted run keeps what it measured
             meta = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
                     "command": "python bench/window_bench.py " + " ".join(sys.argv[1:])}
-            Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+            bench.write_results(args.json, meta, rows)
     return 0
 
 
