@@ -181,7 +181,9 @@ def _check_given(cupy, name, x, shape, dtype, q, contiguous=False) -> None:
     dtype, on q's GPU, and C-contiguous where the kernels write or read it as such."""
     _check_type(cupy, name, x)
     _check_out(name, x, shape, dtype)
-    _check_device(cupy, {"q": q, name: x})
+    device_id = x.data.device_id
+    if device_id != q.data.device_id or device_id not in _capable_devices:
+        _check_device(cupy, {"q": q, name: x})
     if contiguous and not x.flags.c_contiguous:
         raise ValueError(f"{name} must be C-contiguous")
 
@@ -197,15 +199,23 @@ def _check_output_alignment(name: str, x, nbytes: int) -> None:
 
 def _byte_range(ptr: int, x) -> tuple:
     """[first, last) bytes that array `x` at address `ptr` can touch (empty: (ptr, ptr))."""
-    if x.size == 0:
-        return ptr, ptr
-    lo = hi = ptr
-    for n, s in zip(x.shape, x.strides):
+    lo, hi = _extent(x.shape, x.strides, x.itemsize)
+    return ptr + lo, ptr + hi
+
+
+@lru_cache(maxsize=1024)
+def _extent(shape: tuple, strides: tuple, itemsize: int) -> tuple:
+    """[first, last) byte offsets from its address that an array of this layout can touch
+    ((0, 0) when empty), kept per layout: training loops pass the same few."""
+    if 0 in shape:
+        return 0, 0
+    lo = hi = 0
+    for n, s in zip(shape, strides):
         if s > 0:
             hi += (n - 1) * s
         else:
             lo += (n - 1) * s
-    return lo, hi + x.itemsize
+    return lo, hi + itemsize
 
 
 def _check_no_overlap(outputs: dict, others: dict) -> None:
@@ -240,6 +250,8 @@ def _window(causal: bool, window_size, seqlen_q: int, seqlen_k: int) -> tuple:
     left <= j <= i + seqlen_k - seqlen_q + right; -1 leaves a side unbounded; causal forces
     right = 0. Without a left side the window is the plain or the causal mask; a right side
     other than causal's 0 takes the local kernels with a left side past every key."""
+    if window_size.__class__ is tuple and window_size == (-1, -1):  # (the default, at once)
+        return causal, False, 0, 0
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
             or not all(isinstance(w, (int, np.integer)) and not isinstance(w, (bool, np.bool_))
                        and w >= -1 for w in window_size)):
@@ -259,6 +271,8 @@ def _hook(cupy, softcap, alibi_slopes, q) -> tuple:
     """(hooked, softcap, slopes pointer, slopes batch stride) of a call's score hook
     (kernels/score.cuh): softcap a real number >= 0, finite in float32 (0: off); alibi_slopes
     None or a float32 CuPy array (nheads,) or (batch, nheads), C-contiguous, on q's GPU."""
+    if alibi_slopes is None and softcap.__class__ in (float, int) and softcap == 0:
+        return False, 0.0, 0, 0  # (the default, at once)
     ok = isinstance(softcap, numbers.Real) and not isinstance(softcap, (bool, np.bool_))
     cap = float(softcap) if ok else math.nan
     with np.errstate(over="ignore"):
@@ -437,8 +451,10 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
     if hooked and algorithm == "fa1":
         raise ValueError("softcap and alibi_slopes need algorithm='fa2' (FlashAttention-1's "
                          "kernel has no score hook)")
+    # (a plain call leaves the feature fields at their defaults, which turn them off)
     features = dict(window_left=left, window_right=right, alibi_slopes=slopes,
-                    alibi_stride_b=slopes_b, **_softcap_fields(cap, scale))
+                    alibi_stride_b=slopes_b, **_softcap_fields(cap, scale)) \
+        if local or hooked else {}
 
     with _on_device(cupy, device_id):
         given = {}
@@ -447,7 +463,11 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
             out_strides = (seqlen_q * nheads * d, nheads * d, d)
         else:
             _check_given(cupy, "out", out, q.shape, q.dtype, q)
-            _check_layout("out", out)
+            if (out.shape, out.strides, out.dtype) not in _out_layouts_ok:
+                _check_layout("out", out)
+                if len(_out_layouts_ok) >= 1024:
+                    _out_layouts_ok.clear()
+                _out_layouts_ok.add((out.shape, out.strides, out.dtype))
             _check_output_alignment("out", out, 16)
             if _aligned(cupy, out) is not out:
                 raise ValueError("out must start on a 16-byte boundary with strides that are "
@@ -507,6 +527,7 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
 
 
 _forward_launches: dict = {}
+_out_layouts_ok: set = set()  # out layouts that passed _check_layout (shape, strides, dtype)
 
 
 def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, verbose,
