@@ -257,9 +257,9 @@ def has_bulk_copy(compute_capability: int) -> bool:
 #     "sm90" row otherwise), built as sm_90a code.
 #   passes: "fwd"; "fwd_feat", "bwd_feat": kernels with a sliding window or the score hook,
 #     where listed; "bwd_hook", "fwd_hook" (class sm90a): the backward and the Hopper forward
-#     with the score hook, where listed; "fwd_short", key sequences
-#     of at most SHORT_KEYS[HD] keys (non-causal, causal), where listed (class sm90a:
-#     SM90_SHORT_KEYS); "bwd".
+#     with the score hook, where listed; "fwd_short", key sequences of at most
+#     SHORT_KEYS[HD] keys (non-causal, causal), where listed (class sm90a: SM90_SHORT_KEYS);
+#     "bwd".
 # Each tile is spill-free where it is planned (the compile check enforces it) and was the
 # fastest spill-free shape measured on the H200 (the feat and hook rows: not measured yet);
 # PERFORMANCE.md has the measurements behind each choice. Some notes on them:
@@ -435,11 +435,11 @@ def _table() -> dict:
     put("sm90a", "fwd", 256, None, [_h(256, 80, 2, lazy=True)])
     put("sm90a", "fwd_short", 64, False, [_h(64, 128, 4, consumers=3)])
     put("sm90a", "fwd_short", 64, True, [_h(64, 128, 4)])
+    put("sm90a", "fwd_short", 128, None, [_h(128, 128, 2)])
+    put("sm90a", "fwd_short", 256, None, [_h(256, 64, 2)])
     # fwd_hook: with the score hook, the three-warpgroup d 64 tile spills (its 160 registers
     # hold no more); the two-warpgroup short tile takes every length.
     put("sm90a", "fwd_hook", 64, None, [_h(64, 128, 4)])
-    put("sm90a", "fwd_short", 128, None, [_h(128, 128, 2)])
-    put("sm90a", "fwd_short", 256, None, [_h(256, 64, 2)])
     return t
 
 

@@ -90,7 +90,7 @@ def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, nheads: int, batch: int,
                       sms: int) -> tuple:
     """(grid, per_unit) of the Hopper forward: a persistent grid, at most one thread
     block per SM, over units of work (fa2_forward_sm90.cu, "the tiles"). A unit is one tile
-    (128 query rows x head x batch entry), or, with the causal mask and more tiles than SMs,
+    (B_r query rows x head x batch entry), or, with the causal mask and more tiles than SMs,
     two: row blocks T_r - 1 - r and r, of equal total length for every r, so that a static
     split balances (one tile each left the blocks' shares 1.8x apart at d 256 n 16k). The
     kernel walks the units (head, batch) pair by pair, a pair's row blocks one after the
