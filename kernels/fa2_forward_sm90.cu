@@ -315,7 +315,9 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             // w waits on barrier 1 + w (256 threads: its own 128 and the previous one's
             // arrival); per tile, consumer 0 goes first, the last one handing it the turn.
             constexpr int LAST = Tile::CONSUMERS - 1;
-            const int next_turn =  // the next one's barrier
+            // the next one's barrier (1 + (wg + 1) % CONSUMERS in general; 2 - wg, its value
+            // for two, kept spelled out: the general form changed the two-warpgroup SASS)
+            const int next_turn =
                 Tile::CONSUMERS == 2 ? 2 - wg : 1 + (wg + 1) % Tile::CONSUMERS;
             unsigned pa[B_c / 16][4];
             float s[1][NT_S][4];
