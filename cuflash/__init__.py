@@ -7,9 +7,17 @@ See README.md for shapes, dtypes and the algorithms; ``cuflash.reference`` holds
 (float64) reference implementations the GPU kernels are tested against.
 """
 
-from ._api import attention_with_vjp, backward, forward, portable_kernels, precompile
+from ._api import (
+    attention_with_vjp,
+    backward,
+    backward_varlen,
+    forward,
+    forward_varlen,
+    portable_kernels,
+    precompile,
+)
 from ._loader import KernelCompileError
 from ._version import __version__
 
-__all__ = ["forward", "backward", "attention_with_vjp", "precompile", "portable_kernels",
-           "KernelCompileError", "__version__"]
+__all__ = ["forward", "forward_varlen", "backward", "backward_varlen", "attention_with_vjp",
+           "precompile", "portable_kernels", "KernelCompileError", "__version__"]

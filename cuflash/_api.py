@@ -267,7 +267,7 @@ def _window(causal: bool, window_size, seqlen_q: int, seqlen_k: int) -> tuple:
     return right >= 0, True, left, max(right, 0)
 
 
-def _hook(cupy, softcap, alibi_slopes, q) -> tuple:
+def _hook(cupy, softcap, alibi_slopes, q, batch=None) -> tuple:
     """(hooked, softcap, slopes pointer, slopes batch stride) of a call's score hook
     (kernels/score.cuh): softcap a real number >= 0, finite in float32 (0: off); alibi_slopes
     None or a float32 CuPy array (nheads,) or (batch, nheads), C-contiguous, on q's GPU."""
@@ -282,7 +282,8 @@ def _hook(cupy, softcap, alibi_slopes, q) -> tuple:
         raise ValueError(f"softcap must be a finite real number >= 0 (0: off), got {softcap!r}")
     if alibi_slopes is None:
         return cap > 0, cap, 0, 0
-    batch, _, nheads, _ = q.shape
+    nheads = q.shape[2]
+    batch = q.shape[0] if batch is None else batch
     _check_type(cupy, "alibi_slopes", alibi_slopes)
     if alibi_slopes.dtype != np.float32 or tuple(alibi_slopes.shape) not in (
             (nheads,), (batch, nheads)):
@@ -430,10 +431,141 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
                     window_size, softcap, alibi_slopes)
 
 
+def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
+                   causal: bool = False, softmax_scale: float | None = None, *,
+                   window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None, out=None,
+                   lse=None, check_cu_seqlens: bool = False, verbose: bool = False):
+    """The FlashAttention-2 forward over a variable-length batch: sequences of different
+    lengths packed back to back, no padding anywhere (FlashAttention-2's
+    ``flash_attn_varlen_func`` layout).
+
+    Parameters
+    ----------
+    q : cupy.ndarray, (total_q, nheads, headdim), float16 or bfloat16
+    k, v : cupy.ndarray, (total_k, nheads_k, headdim), q's dtype (GQA/MQA as in ``forward``)
+    cu_seqlens_q, cu_seqlens_k : the cumulative lengths, batch + 1 entries each: sequence b is
+        rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q and ``cu_seqlens_k[b]:cu_seqlens_k[b +
+        1]`` of k and v, and attends within itself (zero-length sequences are allowed).
+        Either host sequences (list, tuple, NumPy array), checked here (start at 0, never
+        decrease, end at total_q / total_k) and copied to the GPU; or int32 CuPy arrays on
+        q's GPU, which are trusted as they are (a wrong one makes the kernels read and write
+        out of bounds) unless ``check_cu_seqlens=True`` copies them back and checks them
+        (a synchronisation).
+    max_seqlen_q, max_seqlen_k : int, the longest sequence's lengths (they size the grid).
+        Optional with host cu_seqlens (computed; a value given must be at least the real
+        longest length); required with device arrays, unless check_cu_seqlens.
+    causal, softmax_scale, window_size, softcap : as in ``forward``; the masks are aligned to
+        each sequence's own bottom-right corner.
+    alibi_slopes : float32 CuPy array, (nheads,) or (batch, nheads), batch = the sequences.
+    out, lse : optional preallocated outputs, (total_q, nheads, headdim) and (nheads, total_q)
+        float32 (FlashAttention-2's varlen layout), with ``forward``'s rules.
+
+    Returns
+    -------
+    out : cupy.ndarray, (total_q, nheads, headdim)
+    lse : cupy.ndarray, (nheads, total_q), float32
+
+    Raises: as ``forward``, and ValueError for cu_seqlens or max_seqlen that do not describe
+    the packed arrays. Its backward: ``backward_varlen``.
+    """
+    cupy = _cupy()
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_type(cupy, name, x)
+        if x.ndim != 3:
+            raise ValueError(f"{name} must be 3-D (total, heads, headdim) for a variable-length "
+                             f"batch, got shape {x.shape}")
+    if out is not None:
+        _check_type(cupy, "out", out)
+        if out.ndim != 3:
+            raise ValueError(f"out must be 3-D (total_q, heads, headdim), got {out.shape}")
+    packed = _packed(cupy, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     _check_flag("check_cu_seqlens", check_cu_seqlens))
+    # (1, total, heads, d) views: a batch of one, which the kernels address per entry
+    q4, k4, v4 = q[None], k[None], v[None]
+    out4 = None if out is None else out[None]
+    out4, lse = _forward(q4, k4, v4, causal, softmax_scale, out4, lse, "fa2", verbose, None,
+                         window_size, softcap, alibi_slopes, packed)
+    return (out if out is not None else out4[0]), lse
+
+
+class _Packed:
+    """A variable-length batch as the kernels take it (seqinfo.cuh): the entries' number, the
+    longest lengths, and the parameter fields (the cu_seqlens arrays' addresses, total_q). It
+    holds the device copies of host cu_seqlens until the launch is queued."""
+
+    def __init__(self, batch, max_seqlen_q, max_seqlen_k, cu_q, cu_k, total_q):
+        self.batch, self.max_seqlen_q, self.max_seqlen_k = batch, max_seqlen_q, max_seqlen_k
+        self.arrays = (cu_q, cu_k)
+        self.fields = dict(cu_seqlens_q=cu_q.data.ptr, cu_seqlens_k=cu_k.data.ptr,
+                           total_q=total_q)
+
+
+def _packed(cupy, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            check) -> _Packed:
+    """Check a variable-length batch's description against q (total_q, ...) and k (total_k,
+    ...), see forward_varlen."""
+    from .reference import check_cu_seqlens as _check_cu  # (NumPy only)
+
+    total_q, total_k = q.shape[0], k.shape[0]
+    if max(total_q, total_k) >= 2**31 - 256:
+        raise ValueError("packed lengths (total_q, total_k) must be < 2**31 - 256")
+    cus, on_device = {}, []
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, total_q),
+                            ("cu_seqlens_k", cu_seqlens_k, total_k)):
+        if isinstance(cu, cupy.ndarray):
+            if cu.dtype != np.int32 or cu.ndim != 1 or cu.size < 2:
+                raise ValueError(f"{name} on the GPU must be a 1-D int32 array of batch + 1 >= "
+                                 f"2 entries, got {cu.dtype} shape {cu.shape}")
+            if not cu.flags.c_contiguous:
+                raise ValueError(f"{name} must be contiguous")
+            _check_device(cupy, {"q": q, name: cu})
+            host = _check_cu(cupy.asnumpy(cu), total, name) if check else None
+            on_device.append(name)
+            cus[name] = (cu, host)
+        else:
+            if isinstance(cu, (str, bytes)) or not hasattr(cu, "__len__"):
+                raise TypeError(f"{name} must be a sequence of ints or an int32 cupy.ndarray, "
+                                f"got {type(cu).__name__}")
+            host = _check_cu(cu, total, name)
+            cus[name] = (None, host)
+    (cu_q, host_q), (cu_k, host_k) = cus["cu_seqlens_q"], cus["cu_seqlens_k"]
+    size_q = cu_q.size if cu_q is not None else host_q.size
+    size_k = cu_k.size if cu_k is not None else host_k.size
+    if size_q != size_k:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), "
+                         f"got {size_q} and {size_k}")
+    batch = size_q - 1
+    if batch > _GRID_YZ_MAX:
+        raise ValueError(f"batch ({batch}) must be <= {_GRID_YZ_MAX}")
+    maxes = []
+    for name, given, host in (("max_seqlen_q", max_seqlen_q, host_q),
+                              ("max_seqlen_k", max_seqlen_k, host_k)):
+        real = int(np.diff(host).max()) if host is not None else None
+        if given is None:
+            if real is None:
+                raise ValueError(f"{name} is needed with cu_seqlens on the GPU (or pass "
+                                 "check_cu_seqlens=True, which reads them back)")
+            given = real
+        if not isinstance(given, (int, np.integer)) or isinstance(given, (bool, np.bool_)) \
+                or given < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {given!r}")
+        if real is not None and given < real:
+            raise ValueError(f"{name} = {given} is less than the longest sequence ({real}): "
+                             "its rows past that would be left out")
+        maxes.append(int(given))
+    if cu_q is None:
+        cu_q = cupy.asarray(host_q.astype(np.int32))
+    if cu_k is None:
+        cu_k = cupy.asarray(host_k.astype(np.int32))
+    return _Packed(batch, maxes[0], maxes[1], cu_q, cu_k, total_q)
+
+
 def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, config,
-             window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+             window_size=(-1, -1), softcap=0.0, alibi_slopes=None, packed=None):
     """forward(), with an explicit tile shape (`config`, a _plan.ForwardConfig or None for the
-    planner's choice): the bench's and the tests' tuning hook."""
+    planner's choice): the bench's and the tests' tuning hook. packed: a variable-length
+    batch (forward_varlen's _Packed; q, k, v, out are then (1, total, heads, d) views and lse
+    is (heads, total_q))."""
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise (ValueError if isinstance(algorithm, str) else TypeError)(
             f"algorithm must be 'fa2' or 'fa1', got {algorithm!r}")
@@ -442,25 +574,31 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
     cupy, device_id, layout = _check_qkv(q, k, v)
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    lse_shape = (batch, nheads, seqlen_q)
+    fields = {}  # the packed batch's fields (seqinfo.cuh), none when dense
+    if packed is not None:  # the grid's sizes: the longest entry's, over the entries
+        lse_shape = (nheads, seqlen_q)
+        batch, seqlen_q, seqlen_k = packed.batch, packed.max_seqlen_q, packed.max_seqlen_k
+        fields = packed.fields
     scale = _softmax_scale(softmax_scale, d)
     upper, local, left, right = _window(causal, window_size, seqlen_q, seqlen_k)
     if local and algorithm == "fa1":
         raise ValueError("window_size needs algorithm='fa2' (FlashAttention-1's kernel has no "
                          "sliding window)")
-    hooked, cap, slopes, slopes_b = _hook(cupy, softcap, alibi_slopes, q)
+    hooked, cap, slopes, slopes_b = _hook(cupy, softcap, alibi_slopes, q, batch)
     if hooked and algorithm == "fa1":
         raise ValueError("softcap and alibi_slopes need algorithm='fa2' (FlashAttention-1's "
                          "kernel has no score hook)")
     # (a plain call leaves the feature fields at their defaults, which turn them off)
     features = dict(window_left=left, window_right=right, alibi_slopes=slopes,
-                    alibi_stride_b=slopes_b, **_softcap_fields(cap, scale)) \
-        if local or hooked else {}
+                    alibi_stride_b=slopes_b, **_softcap_fields(cap, scale), **fields) \
+        if local or hooked else fields
 
     with _on_device(cupy, device_id):
         given = {}
         if out is None:
             out = cupy.empty(q.shape, dtype=q.dtype)
-            out_strides = (seqlen_q * nheads * d, nheads * d, d)
+            out_strides = (q.shape[1] * nheads * d, nheads * d, d)
         else:
             _check_given(cupy, "out", out, q.shape, q.dtype, q)
             if (out.shape, out.strides, out.dtype) not in _out_layouts_ok:
@@ -475,9 +613,9 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
             out_strides = _strides(out)
             given["out"] = out
         if lse is None:
-            lse = cupy.empty((batch, nheads, seqlen_q), dtype=cupy.float32)
+            lse = cupy.empty(lse_shape, dtype=cupy.float32)
         else:
-            _check_given(cupy, "lse", lse, (batch, nheads, seqlen_q), np.float32, q, True)
+            _check_given(cupy, "lse", lse, lse_shape, np.float32, q, True)
             _check_output_alignment("lse", lse, 4)
             given["lse"] = lse
         if given:  # (a freshly allocated output overlaps nothing)
@@ -493,21 +631,23 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
         hopper_tile = isinstance(config, _plan.Sm90ForwardConfig)
         if hopper_tile and _capability(cupy, device_id) != 90:
             raise ValueError("a Hopper tile (bench notation hBcxStages) needs an sm_90 GPU")
-        kind = (upper, local, hooked)  # the mask and the score hook
+        is_packed = packed is not None
+        kind = (upper, local, hooked, is_packed)  # the mask, the score hook, the layout
         if (hopper_tile or config is None and _uses_sm90(cupy, device_id)) and seqlen_k > 0 \
                 and _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale,
                                   verbose, qkv_strides, out_strides,
-                                  config if hopper_tile else None):
+                                  config if hopper_tile else None,
+                                  (batch, seqlen_q, seqlen_k)):
             return out, lse
-        # The tile shape and compiled kernel for this (device, dtype, d, mask, hook, short keys
-        # or not), looked up once.
-        short = not (local or hooked) and _plan.forward_short(HD, upper, seqlen_k)
+        # The tile shape and compiled kernel for this (device, dtype, d, mask, hook, layout,
+        # short keys or not), looked up once.
+        short = not (local or hooked or is_packed) and _plan.forward_short(HD, upper, seqlen_k)
         plan, kernels, params = _prepared(
             _forward_launches, (device_id, q.dtype, d, kind, short, config),
             _registry.FA2_FORWARD,
             lambda: _registry.fa2_forward_plan(_dtype_name(q.dtype), HD, upper,
                                                _max_smem(cupy, device_id), seqlen_k, config,
-                                               local, hooked))
+                                               local, hooked, is_packed))
         cfg, kernel = plan.cfg, kernels["main"]
         grid = _registry.fa2_forward_grid(cfg, seqlen_q, nheads, batch)
         if verbose:
@@ -531,23 +671,29 @@ _out_layouts_ok: set = set()  # out layouts that passed _check_layout (shape, st
 
 
 def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, verbose,
-                  qkv_strides, out_strides, config=None) -> bool:
+                  qkv_strides, out_strides, config=None, sizes=None) -> bool:
     """The Hopper forward (kernels/fa2_forward_sm90.cu): TMA loads through tensor maps of q,
     k and v (cuflash/_tma.py, cached by address and layout), wgmma, warp specialisation.
     config: an explicit tile (the bench's), else the table's. Returns False, launching
     nothing, where TMA cannot describe q, k or v (the portable kernel runs instead). kind:
-    (causal, local, hooked), the kernel's mask and hook; features: their parameter fields."""
-    causal, local, hooked = kind
+    (causal, local, hooked, packed), the kernel's mask, hook and batch layout; features: their
+    parameter fields.
+    sizes: (batch, seqlen_q, seqlen_k) of the grid where they are not q's and k's (packed
+    batches: the entries' number and the longest lengths)."""
+    causal, local, hooked, packed = kind
     batch, seqlen_q, nheads, d = q.shape
+    seqlen_k = k.shape[1]
+    if sizes is not None:
+        batch, seqlen_q, seqlen_k = sizes
     dtype_name = _dtype_name(q.dtype)
-    short = config is None and not (local or hooked) and \
-        _plan.sm90_forward_short(d, causal, k.shape[1])
+    short = config is None and not (local or hooked or packed) and \
+        _plan.sm90_forward_short(d, causal, seqlen_k)
     plan, kernels, params = _prepared(
         _forward_launches, ("sm90", device_id, q.dtype, d, kind, config, short),
         _registry.FA2_FORWARD_SM90,
         lambda: _registry.sm90_forward_plan(dtype_name, d, causal, config,
                                             seqlen_k=1 if short else None, local=local,
-                                            hooked=hooked))
+                                            hooked=hooked, packed=packed))
     cfg, kernel = plan.cfg, kernels["main"]
     maps = _tma.qkv_maps(q, k, v, qkv_strides, dtype_name, cfg.B_r, cfg.B_c,
                          bind=kernel.bind_thread)  # (encoding needs the context current)
@@ -568,7 +714,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
         params.pack(tm_q=tm_q, tm_k=tm_k, tm_v=tm_v, q=q.data.ptr, k=k.data.ptr,
                     v=v.data.ptr, o=out.data.ptr, lse=lse.data.ptr, q_strides=qs,
                     k_strides=ks, v_strides=vs, o_strides=out_strides, seqlen_q=seqlen_q,
-                    seqlen_k=k.shape[1], d=d, group=nheads // k.shape[2],
+                    seqlen_k=seqlen_k, d=d, group=nheads // k.shape[2],
                     softmax_scale=scale, scale_log2=scale * _LOG2E, nheads=nheads,
                     batch=batch, per_unit=per_unit, **features)
         kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, params)
@@ -648,11 +794,12 @@ _fa1_launches: dict = {}
 
 def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, True),
                backward: bool = True, fa1: bool = False, max_workers: int = 8,
-               windows: bool = False) -> int:
+               windows: bool = False, varlen: bool = False) -> int:
     """Compile (or load from CuPy's cache) the kernels for the current device ahead of time,
     in parallel. Returns how many specialisations were prepared. windows: also the kernels
-    with a sliding window or the score hook (softcap, ALiBi; otherwise compiled on their first
-    use).
+    with a sliding window or the score hook (softcap, ALiBi); varlen: also the forward's
+    kernels for variable-length batches (forward_varlen), with every window and hook where
+    windows is set too (otherwise each is compiled on its first use).
 
     Raises
     ------
@@ -679,9 +826,7 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
         (v.source, name, v.options) for v in variants for dt in dtypes
         for HD in (sm90_buckets if v is _registry.FA2_FORWARD_SM90 else buckets)
         for c in causal
-        for features in ([{}] + [{"local": lo, "hooked": ho} for lo, ho in
-                                 ((True, False), (False, True), (True, True))]
-                         if windows and v.features else [{}])
+        for features in _precompile_features(v, windows, varlen)
         for plan in v.plans(dt, HD, c, max_smem, bulk, **features)
         for name in plan.kernels.values()))
 
@@ -692,6 +837,15 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
         list(pool.map(build, names))
     return len(names)
+
+
+def _precompile_features(variant, windows: bool, varlen: bool) -> list:
+    """The feature keyword sets (local, hooked, packed) precompile builds for a variant."""
+    kinds = [(False, False)] + ([(True, False), (False, True), (True, True)]
+                                if windows and variant.features else [])
+    layouts = [False] + ([True] if varlen and variant.packed else [])
+    return [{key: True for key, on in (("local", lo), ("hooked", ho), ("packed", pk)) if on}
+            for pk in layouts for lo, ho in kinds]
 
 
 def backward(dout, q, k, v, out, lse, causal: bool = False,
@@ -729,6 +883,62 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
     """
     return _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq, dk, dv,
                      None, window_size, softcap, alibi_slopes)
+
+
+def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
+                    max_seqlen_k=None, causal: bool = False,
+                    softmax_scale: float | None = None, *, window_size=(-1, -1),
+                    softcap: float = 0.0, alibi_slopes=None, deterministic: bool = False,
+                    dq=None, dk=None, dv=None, check_cu_seqlens: bool = False):
+    """The backward of ``forward_varlen``: dq, dk, dv of a packed, variable-length batch
+    (q, dout, out: (total_q, heads, d); k, v: (total_k, heads_k, d); lse: (heads, total_q), as
+    forward_varlen returns it), with forward_varlen's arguments and rules.
+
+    For now each sequence runs the dense backward on its own rows (views, no copies of q, k,
+    v; lse's rows of each sequence are gathered into a small contiguous copy), one launch set
+    per sequence: exact, and slow for many short sequences. Device cu_seqlens are read back
+    to the host for that loop (a synchronisation). A packed backward kernel, as the forward
+    has, is the next step.
+
+    dq, dk, dv: optional preallocated outputs shaped like q, k, v, C-contiguous. Rows of keys
+    that no query sees (a sequence with no queries) get zero gradients.
+    """
+    cupy = _cupy()
+    for name, x in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)):
+        _check_type(cupy, name, x)
+        if x.ndim != 3:
+            raise ValueError(f"{name} must be 3-D (total, heads, headdim) for a variable-length "
+                             f"batch, got shape {x.shape}")
+    packed = _packed(cupy, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     _check_flag("check_cu_seqlens", check_cu_seqlens))
+    _check_type(cupy, "lse", lse)
+    if tuple(lse.shape) != (q.shape[1], q.shape[0]) or lse.dtype != np.float32:
+        raise ValueError(f"lse must be float32 of shape (heads, total_q) = "
+                         f"{(q.shape[1], q.shape[0])}, as forward_varlen returns it, got "
+                         f"{lse.dtype} {tuple(lse.shape)}")
+    if alibi_slopes is not None:  # (checked against the packed batch once, here)
+        _hook(cupy, softcap, alibi_slopes, q, packed.batch)
+    grads = []
+    for name, x, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        if x is None:
+            x = cupy.zeros(like.shape, dtype=like.dtype)
+        else:
+            _check_given(cupy, name, x, like.shape, like.dtype, q, True)
+            x.fill(0)
+        grads.append(x)
+    dq, dk, dv = grads
+    cu_q, cu_k = (cupy.asnumpy(c) for c in packed.arrays)
+    for b in range(packed.batch):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        if qs.start == qs.stop or ks.start == ks.stop:
+            continue  # (no query, or no key: zero gradients)
+        slopes = None if alibi_slopes is None else \
+            (alibi_slopes if alibi_slopes.ndim == 1 else alibi_slopes[b])
+        one = [x[qs][None] for x in (dout, q)] + [x[ks][None] for x in (k, v)]
+        _backward(*one, out[qs][None], cupy.ascontiguousarray(lse[:, qs])[None], causal,
+                  softmax_scale, deterministic, dq[qs][None], dk[ks][None], dv[ks][None],
+                  None, window_size, softcap, slopes)
+    return dq, dk, dv
 
 
 def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq, dk, dv,

@@ -135,7 +135,8 @@ _HOOK = [Field("alibi_slopes", "ptr", "ALiBi slopes per (batch, head), float32",
 FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
     *_QKV,
     Field("o", "ptr", "O, Q's shape (its own strides)", "elem_t*"),
-    Field("lse", "ptr", "L (batch, heads, seqlen_q), float32, contiguous", "float*"),
+    Field("lse", "ptr", "L (batch, heads, seqlen_q), float32, contiguous; packed: (heads, "
+          "total_q)", "float*"),
     Field("o_accum", "ptr", "FA1: O in float32 (batch, heads, seqlen_q, d)", "float*", 0),
     Field("l_accum", "ptr", "FA1: l (batch, heads, seqlen_q)", "float*", 0),
     Field("m_accum", "ptr", "FA1: m (batch, heads, seqlen_q)", "float*", 0),
@@ -144,6 +145,14 @@ FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
     *_SCALES,
     *_WINDOW,
     *_HOOK,
+    # Variable-length batches (seqinfo.cuh; null: dense): entry b's rows are
+    # [cu_seqlens[b], cu_seqlens[b + 1]) of the packed tensors; seqlen_q and seqlen_k above are
+    # then the longest entry's.
+    Field("cu_seqlens_q", "ptr", "packed: cumulative query lengths (batch + 1), int32",
+          "const int*", 0),
+    Field("cu_seqlens_k", "ptr", "packed: cumulative key lengths (batch + 1), int32",
+          "const int*", 0),
+    Field("total_q", "i32", "packed: rows of the packed query tensor", "", 0),
 ])
 
 # ---- the Hopper forward: fa2_forward_sm90 ----------------------------------------------------

@@ -74,9 +74,13 @@ class ForwardConfig:
                 f"{self.tile_type}::REBUILD == {str(self.rebuild).lower()}"]
 
 
-def score_type(hooked: bool) -> str:
-    """The kernels' score hook (kernels/score.cuh) as a trailing template argument: none for
-    ScoreScale (the default), ", cuflash::ScoreHook" for softcap and ALiBi."""
+def score_type(hooked: bool, packed: bool = False) -> str:
+    """The forward kernels' trailing template arguments: the score hook (kernels/score.cuh),
+    none for ScoreScale (the default), ", cuflash::ScoreHook" for softcap and ALiBi; then, for
+    a variable-length batch (packed), the layout (kernels/seqinfo.cuh), ", cuflash::PackedSeq"
+    (DenseSeq, the default, is left out)."""
+    if packed:
+        return f", cuflash::{'ScoreHook' if hooked else 'ScoreScale'}, cuflash::PackedSeq"
     return ", cuflash::ScoreHook" if hooked else ""
 
 
@@ -88,9 +92,9 @@ def mask_type(causal: bool, local: bool = False) -> str:
 
 
 def forward_kernel_name(dtype_name: str, cfg: ForwardConfig, causal: bool,
-                        local: bool = False, hooked: bool = False) -> str:
+                        local: bool = False, hooked: bool = False, packed: bool = False) -> str:
     return (f"cuflash::fa2_forward<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
-            f"{mask_type(causal, local)}{score_type(hooked)}>")
+            f"{mask_type(causal, local)}{score_type(hooked, packed)}>")
 
 
 FORWARD_FILE = "fa2_forward.cu"
@@ -255,11 +259,11 @@ def has_bulk_copy(compute_capability: int) -> bool:
 #     sm_90 and sm_80 code respectively (ARCH_SMEM). "sm90a": the Hopper forward's tiles
 #     (Sm90ForwardConfig; the H100/H200 run them where TMA can describe q, k and v, and the
 #     "sm90" row otherwise), built as sm_90a code.
-#   passes: "fwd"; "fwd_feat", "bwd_feat": kernels with a sliding window or the score hook,
-#     where listed; "bwd_hook", "fwd_hook" (class sm90a): the backward and the Hopper forward
-#     with the score hook, where listed; "fwd_short", key sequences of at most
-#     SHORT_KEYS[HD] keys (non-causal, causal), where listed (class sm90a: SM90_SHORT_KEYS);
-#     "bwd".
+#   passes: "fwd"; "fwd_feat", "bwd_feat": kernels with a sliding window or the score hook
+#     (the forward's: or over a variable-length batch), where listed; "fwd_packed": the
+#     forward over a variable-length batch, where listed; "bwd_hook": the backward with the
+#     score hook; "fwd_short", key sequences of at most SHORT_KEYS[HD] keys (non-causal,
+#     causal), where listed (class sm90a: SM90_SHORT_KEYS); "bwd".
 # Each tile is spill-free where it is planned (the compile check enforces it) and was the
 # fastest spill-free shape measured on the H200 (the feat and hook rows: not measured yet);
 # PERFORMANCE.md has the measurements behind each choice. Some notes on them:
@@ -358,6 +362,16 @@ def _table() -> dict:
         put(cls, "fwd_feat", 32, None, [_f(32, 64, 64, 4, 1)])
         put(cls, "fwd_feat", 96, None, [_f(96, 64, 128, 4, 2), _f(96, 64, 128, 4, 1)])
         put(cls, "fwd_feat", 128, None, [_f(128, 64, 128, 4, 1)])
+    # fwd_packed: over a variable-length batch (seqinfo.cuh's PackedSeq), whose entry lengths
+    # and offsets take registers of their own, where the usual or the feat tile spilled with
+    # it: 16 rows per warp (32 at d 64), B_c 32 at d 64 and from d 192. Chosen for zero
+    # spills, not yet measured.
+    for cls in ("sm80", "sm90"):
+        put(cls, "fwd_packed", 64, None, [_f(64, 128, 32, 4, 1)])
+        put(cls, "fwd_packed", 128, None, [_f(128, 64, 64, 4, 1)])
+        put(cls, "fwd_packed", 192, None, [_f(192, 64, 32, 4, 1)])
+        put(cls, "fwd_packed", 224, None, [_f(224, 64, 32, 4, 1)])
+        put(cls, "fwd_packed", 256, None, [_f(256, 64, 32, 4, 1)])
 
     # backward: (B_r, B_c, warps, WM_SDP, WM_DKV, WM_DQ, row-block buffers, dQ tiles; 0 =
     # atomics); the head-dim bucket of the kernel first
@@ -437,9 +451,12 @@ def _table() -> dict:
     put("sm90a", "fwd_short", 64, True, [_h(64, 128, 4)])
     put("sm90a", "fwd_short", 128, None, [_h(128, 128, 2)])
     put("sm90a", "fwd_short", 256, None, [_h(256, 64, 2)])
-    # fwd_hook: with the score hook, the three-warpgroup d 64 tile spills (its 160 registers
-    # hold no more); the two-warpgroup short tile takes every length.
-    put("sm90a", "fwd_hook", 64, None, [_h(64, 128, 4)])
+    # fwd_feat: with the score hook or a sliding window, the three-warpgroup d 64 tile spills
+    # (its 160 registers hold no more); the two-warpgroup short tile takes every length.
+    put("sm90a", "fwd_feat", 64, None, [_h(64, 128, 4)])
+    # fwd_packed: over a variable-length batch the entry's lengths and offsets take registers
+    # of their own, and d 128's 128x176 spills (4-8 bytes): 128x128 (not measured yet).
+    put("sm90a", "fwd_packed", 128, None, [_h(128, 128, 2)])
     return t
 
 
@@ -456,13 +473,16 @@ SM90_SHORT_KEYS = {64: (2048, 2048), 128: (512, 4096), 256: (512, 1024)}
 
 
 def sm90_forward_config(d: int, causal: bool, seqlen_k: int | None = None,
-                        hooked: bool = False) -> Sm90ForwardConfig:
+                        feat: bool = False, packed: bool = False) -> Sm90ForwardConfig:
     """The Hopper forward's tile for head dim d (TILES, class "sm90a"), for keys of length
-    `seqlen_k` where given (the short-sequence tile up to SM90_SHORT_KEYS); hooked: the kernel
-    with the score hook ("fwd_hook" where listed)."""
-    hook_key = ("sm90a", "fwd_hook", sm90_head_dim_bucket(d), bool(causal))
-    if hooked and hook_key in TILES:
-        return TILES[hook_key][0]
+    `seqlen_k` where given (the short-sequence tile up to SM90_SHORT_KEYS); feat: the kernel
+    with a sliding window, the score hook or a variable-length batch ("fwd_feat" where
+    listed); packed: the last ("fwd_packed" first, where listed)."""
+    HD = sm90_head_dim_bucket(d)
+    for key in ((("sm90a", "fwd_packed", HD, bool(causal)),) if packed else ()) + \
+            ((("sm90a", "fwd_feat", HD, bool(causal)),) if feat or packed else ()):
+        if key in TILES:
+            return TILES[key][0]
     short = sm90_forward_short(d, causal, seqlen_k)
     return TILES[("sm90a", "fwd_short" if short else "fwd", sm90_head_dim_bucket(d),
                   bool(causal))][0]
@@ -480,16 +500,19 @@ SM90_SHORT_LIMIT = {(d, c): SM90_SHORT_KEYS[HD][int(c)]
                     if (HD := sm90_head_dim_bucket(d)) in SM90_SHORT_KEYS}
 
 
-def sm90_forward_configs(d: int, causal: bool, hooked: bool = False) -> list[Sm90ForwardConfig]:
+def sm90_forward_configs(d: int, causal: bool, feat: bool = False,
+                         packed: bool = False) -> list[Sm90ForwardConfig]:
     """Every tile sm90_forward_config can pick for head dim d: the usual one and, where the
     bucket has one, the short-sequence one (distinct, in that order)."""
-    return list(dict.fromkeys(sm90_forward_config(d, causal, n, hooked) for n in (None, 1)))
+    return list(dict.fromkeys(sm90_forward_config(d, causal, n, feat, packed)
+                              for n in (None, 1)))
 
 
 def sm90_forward_kernel_name(dtype_name: str, cfg: Sm90ForwardConfig, causal: bool,
-                             local: bool = False, hooked: bool = False) -> str:
+                             local: bool = False, hooked: bool = False,
+                             packed: bool = False) -> str:
     return (f"cuflash::fa2_forward_sm90<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
-            f"{mask_type(causal, local)}{score_type(hooked)}>")
+            f"{mask_type(causal, local)}{score_type(hooked, packed)}>")
 
 
 SM90_FORWARD_FILE = "fa2_forward_sm90.cu"
@@ -525,11 +548,13 @@ def forward_short(HD: int, causal: bool, seqlen_k: int | None) -> bool:
 
 def forward_config(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM,
                    seqlen_k: int | None = None, local: bool = False,
-                   hooked: bool = False) -> ForwardConfig:
+                   hooked: bool = False, packed: bool = False) -> ForwardConfig:
     """The forward tile for head-dim bucket HD on a device allowing `max_smem_bytes` of dynamic
-    shared memory per block (for keys of length `seqlen_k`, where given; local, hooked: the
-    kernel with a sliding window, with the score hook)."""
-    cls, feat = gpu_class(max_smem_bytes), local or hooked
+    shared memory per block (for keys of length `seqlen_k`, where given; local, hooked, packed:
+    the kernel with a sliding window, with the score hook, over a variable-length batch)."""
+    cls, feat = gpu_class(max_smem_bytes), local or hooked or packed
+    if packed and (cls, "fwd_packed", HD, bool(causal)) in TILES:
+        return _first_fitting((cls, "fwd_packed", HD, bool(causal)), max_smem_bytes)
     if feat and (cls, "fwd_feat", HD, bool(causal)) in TILES:
         return _first_fitting((cls, "fwd_feat", HD, bool(causal)), max_smem_bytes)
     pass_ = "fwd_short" if not feat and forward_short(HD, causal, seqlen_k) else "fwd"
@@ -537,11 +562,12 @@ def forward_config(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM,
 
 
 def forward_plans(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM,
-                  local: bool = False, hooked: bool = False) -> list[ForwardConfig]:
+                  local: bool = False, hooked: bool = False,
+                  packed: bool = False) -> list[ForwardConfig]:
     """Every tile forward_config can pick for bucket HD on such a device: the usual one and,
     where the bucket has one, the short-key one (distinct, in that order)."""
-    return list(dict.fromkeys(forward_config(HD, causal, max_smem_bytes, n, local, hooked)
-                              for n in (None, 1)))
+    return list(dict.fromkeys(forward_config(HD, causal, max_smem_bytes, n, local, hooked,
+                                             packed) for n in (None, 1)))
 
 
 def backward_configs(HD: int, bulk: bool = False) -> list[BackwardConfig]:

@@ -38,27 +38,29 @@ class Variant:
     arch_classes: tuple            # compile-check classes it is built for ("80", "90")
     # plans(dtype_name, HD, causal, max_smem, bulk) -> every Plan a device of that shared
     # memory (and bulk copy engine) may launch for that bucket and mask
-    # (..., local=False, hooked=False): the same with a window's lower limit, with the score
-    # hook (softcap, ALiBi)
+    # (..., local=False, hooked=False[, packed=False]): the same with a window's lower limit,
+    # with the score hook (softcap, ALiBi), over a variable-length batch
     plans: Callable[..., list]
     options: tuple = ()            # compiler options beyond _loader.NVRTC_OPTIONS
     features: bool = True          # its kernels take windows and the score hook
+    packed: bool = False           # ... and variable-length batches (seqinfo.cuh's PackedSeq)
 
 
 # ---- FA2 forward ---------------------------------------------------------------------------
 
 def _fa2_forward_plan(dtype_name: str, cfg, causal: bool, local: bool = False,
-                      hooked: bool = False) -> Plan:
-    return Plan(cfg, {"main": _plan.forward_kernel_name(dtype_name, cfg, causal, local, hooked)},
+                      hooked: bool = False, packed: bool = False) -> Plan:
+    return Plan(cfg, {"main": _plan.forward_kernel_name(dtype_name, cfg, causal, local, hooked,
+                                                        packed)},
                 {"main": cfg.smem_bytes})
 
 
 def fa2_forward_plan(dtype_name: str, HD: int, causal: bool, max_smem: int,
                      seqlen_k: int | None = None, config=None, local: bool = False,
-                     hooked: bool = False) -> Plan:
+                     hooked: bool = False, packed: bool = False) -> Plan:
     """The forward's plan for keys of length seqlen_k (config: an explicit tile)."""
-    cfg = config or _plan.forward_config(HD, causal, max_smem, seqlen_k, local, hooked)
-    return _fa2_forward_plan(dtype_name, cfg, causal, local, hooked)
+    cfg = config or _plan.forward_config(HD, causal, max_smem, seqlen_k, local, hooked, packed)
+    return _fa2_forward_plan(dtype_name, cfg, causal, local, hooked, packed)
 
 
 def fa2_forward_grid(cfg, seqlen_q: int, nheads: int, batch: int) -> tuple:
@@ -68,21 +70,22 @@ def fa2_forward_grid(cfg, seqlen_q: int, nheads: int, batch: int) -> tuple:
 
 FA2_FORWARD = Variant(
     "fa2_forward", _plan.FORWARD_FILE, _params.FWD, ("80", "90"),
-    lambda dt, HD, causal, smem, bulk, local=False, hooked=False: [
-        _fa2_forward_plan(dt, cfg, causal, local, hooked)
-        for cfg in _plan.forward_plans(HD, causal, smem, local, hooked)])
+    lambda dt, HD, causal, smem, bulk, local=False, hooked=False, packed=False: [
+        _fa2_forward_plan(dt, cfg, causal, local, hooked, packed)
+        for cfg in _plan.forward_plans(HD, causal, smem, local, hooked, packed)],
+    packed=True)
 
 
 # ---- FA2 forward on Hopper (sm_90a: TMA, wgmma, warp specialisation) --------------------------
 
 def sm90_forward_plan(dtype_name: str, d: int, causal: bool, config=None,
                       seqlen_k: int | None = None, local: bool = False,
-                      hooked: bool = False) -> Plan:
+                      hooked: bool = False, packed: bool = False) -> Plan:
     """The Hopper forward's plan (config: an explicit Sm90ForwardConfig, the bench's; else the
     table's tile for keys of length seqlen_k)."""
-    cfg = config or _plan.sm90_forward_config(d, causal, seqlen_k, hooked)
+    cfg = config or _plan.sm90_forward_config(d, causal, seqlen_k, local or hooked, packed)
     return Plan(cfg, {"main": _plan.sm90_forward_kernel_name(dtype_name, cfg, causal, local,
-                                                             hooked)},
+                                                             hooked, packed)},
                 {"main": cfg.smem_bytes})
 
 
@@ -101,18 +104,19 @@ def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, nheads: int, batch: int,
     return (max(1, min(units, sms)), 1, 1), per_unit
 
 
-def _sm90_forward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False) -> list:
+def _sm90_forward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False,
+                        packed=False) -> list:
     # one plan per Hopper bucket (64, 128, 192, 256), listed under the portable bucket that
     # is its largest head dim
     if HD not in _plan.SM90_HEAD_DIM_BUCKETS:
         return []
-    return [sm90_forward_plan(dt, HD, causal, cfg, local=local, hooked=hooked)
-            for cfg in _plan.sm90_forward_configs(HD, causal, hooked)]
+    return [sm90_forward_plan(dt, HD, causal, cfg, local=local, hooked=hooked, packed=packed)
+            for cfg in _plan.sm90_forward_configs(HD, causal, local or hooked, packed)]
 
 
 FA2_FORWARD_SM90 = Variant(
     "fa2_forward_sm90", _plan.SM90_FORWARD_FILE, _params.SM90_FWD, ("90a",),
-    _sm90_forward_plans, _plan.SM90A_NVRTC_OPTIONS)
+    _sm90_forward_plans, _plan.SM90A_NVRTC_OPTIONS, packed=True)
 
 
 # ---- FA1 forward ---------------------------------------------------------------------------
@@ -250,10 +254,13 @@ def specialisations(arch: str, variants=VARIANTS) -> list[tuple[str, str, object
             continue
         for dt in _plan.ELEMENT_TAGS:
             for HD in _plan.HEAD_DIM_BUCKETS:
-                for causal, local, hooked in itertools.product((False, True), repeat=3):
-                    if (local or hooked) and not variant.features:
+                for causal, local, hooked, packed in itertools.product((False, True), repeat=4):
+                    if (local or hooked) and not variant.features or \
+                            packed and not variant.packed:
                         continue
                     features = {"local": local, "hooked": hooked} if local or hooked else {}
+                    if packed:
+                        features["packed"] = True
                     for smem in smems:
                         for plan in variant.plans(dt, HD, causal, smem, bulk, **features):
                             for role, name in plan.kernels.items():

@@ -71,25 +71,45 @@ def _heads_to_front(x, nheads):
 
 @dataclass(frozen=True)
 class SeqInfo:
-    """Where one batch entry's rows are (mirrors kernels/seqinfo.cuh): every entry of a
-    fixed-length batch has seqlen_q query rows and seqlen_k key rows at batch * stride_b."""
+    """Where one batch entry's rows are (mirrors kernels/seqinfo.cuh). Dense (start_q < 0):
+    every entry has seqlen_q query rows and seqlen_k key rows at batch * stride_b. Packed
+    (variable length, PackedSeq): the entries lie back to back, this one from row start_q of
+    the packed query tensor and start_k of the key tensor, and L is (heads, total_q)."""
     batch: int
     seqlen_q: int
     seqlen_k: int
+    start_q: int = -1
+    start_k: int = -1
+    total_q: int = 0
+
+    @property
+    def packed(self) -> bool:
+        return self.start_q >= 0
 
     def q_offset(self, stride_b: int, stride_s: int) -> int:
-        return self.batch * stride_b
+        return self.start_q * stride_s if self.packed else self.batch * stride_b
 
     def k_offset(self, stride_b: int, stride_s: int) -> int:
-        return self.batch * stride_b
+        return self.start_k * stride_s if self.packed else self.batch * stride_b
 
     def row_vector(self, head: int, nheads: int) -> int:
-        """Offset of (entry, head, row 0) in a (batch, heads, seqlen_q) row vector (L, D)."""
+        """Offset of (entry, head, row 0) in a row vector (L, D): (batch, heads, seqlen_q), or
+        packed (heads, total_q)."""
+        if self.packed:
+            return head * self.total_q + self.start_q
         return (self.batch * nheads + head) * self.seqlen_q
 
 
 def seq_info(batch: int, seqlen_q: int, seqlen_k: int) -> SeqInfo:
+    """DenseSeq::info."""
     return SeqInfo(batch, seqlen_q, seqlen_k)
+
+
+def packed_seq_info(batch: int, cu_seqlens_q, cu_seqlens_k, total_q: int) -> SeqInfo:
+    """PackedSeq::info: entry `batch` of a variable-length batch."""
+    q0, k0 = int(cu_seqlens_q[batch]), int(cu_seqlens_k[batch])
+    return SeqInfo(batch, int(cu_seqlens_q[batch + 1]) - q0, int(cu_seqlens_k[batch + 1]) - k0,
+                   q0, k0, total_q)
 
 
 @dataclass(frozen=True)
@@ -536,6 +556,47 @@ def attention_naive_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False,
                                    alibi_slopes=_slopes_of(alibi_slopes, b))
         O[qs], L[:, qs] = O_b[0], L_b[0]
     return O, L
+
+
+def attention_fa2_tiled_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal=False,
+                               softmax_scale=None, B_r=64, B_c=64, **features):
+    """The packed forward as the kernels address it: the grid's row blocks cover the longest
+    query sequence (max_seqlen_q) for every entry, and a row block past its entry's end does
+    nothing (the portable kernel returns, the Hopper tile walk skips it); each entry's rows are
+    found through packed_seq_info's offsets into the flat packed arrays (element strides of
+    q (total_q, heads, d): row h d, head d), its tiles run attention_fa2_tiled's loop, and L
+    goes to (heads, total_q) through row_vector. Returns (O, L) in the packed layouts, and the
+    number of row blocks that did work (the others were skipped)."""
+    total_q, nheads, d = q.shape
+    nheads_k = k.shape[1]
+    cq = check_cu_seqlens(cu_seqlens_q, total_q, "cu_seqlens_q")
+    ck = check_cu_seqlens(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    flat_q, flat_k, flat_v = (np.asarray(x, dtype=np.float64).ravel() for x in (q, k, v))
+    O = np.zeros(total_q * nheads * d)
+    L = np.zeros(nheads * total_q)
+    worked = 0
+    slopes = features.pop("alibi_slopes", None)
+    for b in range(cq.size - 1):
+        seq = packed_seq_info(b, cq, ck, total_q)
+        blocks = [i for i in range(-(-max_seqlen_q // B_r)) if i * B_r < seq.seqlen_q]
+        worked += len(blocks)
+        if not blocks:
+            continue
+
+        def rows(flat, offset, n, heads):  # an entry's (1, n, heads, d) through its offset
+            return flat[offset:offset + n * heads * d].reshape(1, n, heads, d)
+
+        O_b, L_b = attention_fa2_tiled(
+            rows(flat_q, seq.q_offset(0, nheads * d), seq.seqlen_q, nheads),
+            rows(flat_k, seq.k_offset(0, nheads_k * d), seq.seqlen_k, nheads_k),
+            rows(flat_v, seq.k_offset(0, nheads_k * d), seq.seqlen_k, nheads_k),
+            causal, softmax_scale, B_r, B_c, alibi_slopes=_slopes_of(slopes, b), **features)
+        at = seq.q_offset(0, nheads * d)
+        O[at:at + seq.seqlen_q * nheads * d] = O_b.ravel()
+        for h in range(nheads):
+            at = seq.row_vector(h, nheads)
+            L[at:at + seq.seqlen_q] = L_b[0, h]
+    return O.reshape(total_q, nheads, d), L.reshape(nheads, total_q), worked
 
 
 def attention_backward_naive_varlen(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False,

@@ -502,7 +502,8 @@ fa2_backward(const BwdParams p) {
                     const KeyRange keys = MaskT(p, seqlen_q, seqlen_k).keys(row0 + r);
                     const int lo = keys.lo - col0 - s_n * Tile::S_NW - (lane_id() % 4) * 2;
                     const int hi = keys.hi - col0 - s_n * Tile::S_NW - (lane_id() % 4) * 2;
-                    const float dist = hook.diagonal(p, row0 + r, lane_col);  // (score.cuh)
+                    const float dist = hook.diagonal(row0 + r, lane_col, p.seqlen_q,
+                                                     p.seqlen_k);  // (dense: the params')
 #pragma unroll
                     for (int nt = 0; nt < S_NT; ++nt) {
                         // P_ij at columns lane_col + nt * 8 + e1, and the hook's derivative

@@ -37,6 +37,7 @@
 //   MaskT = Mask<CAUSAL, LOCAL>              which keys each row sees (mask.cuh); causal blocks
 //                                            fully above the diagonal are skipped
 //   ScoreT = ScoreScale | ScoreHook          the score hook (score.cuh): softcap and ALiBi
+//   SeqT = DenseSeq | PackedSeq              batch layout (seqinfo.cuh): packed = variable length
 #include "common.cuh"
 #include "params.cuh"
 #include "seqinfo.cuh"
@@ -86,14 +87,16 @@ struct ForwardTile {
     static constexpr int SMEM_BYTES = 2 * (B_r + 2 * KV_STAGES * B_c) * HD;
     // Thread blocks per SM the register file is planned for: O~_i and S_ij accumulators plus
     // about 64 registers of addresses, fragments and softmax state per thread (16 more for the
-    // causal mask, 8 for the second K/V stage). Passed to __launch_bounds__ so that ptxas aims
-    // at that occupancy (left to itself it aimed small tiles at 96 registers and spilled).
-    static constexpr int regs_est(bool causal) {
-        return MT * (NT_O + NT_S) * 4 + 64 + (causal ? 16 : 0) + (KV_STAGES == 2 ? 8 : 0);
+    // causal mask, 16 for a packed batch's entry lengths and offsets, 8 for the second K/V
+    // stage). Passed to __launch_bounds__ so that ptxas aims at that occupancy (left to itself
+    // it aimed small tiles at 96 registers and spilled).
+    static constexpr int regs_est(bool causal, bool packed = false) {
+        return MT * (NT_O + NT_S) * 4 + 64 + (causal ? 16 : 0) + (packed ? 16 : 0) +
+               (KV_STAGES == 2 ? 8 : 0);
     }
-    static constexpr int min_blocks(bool causal) {
-        return 65536 / (NWARPS * 32 * ((regs_est(causal) + 7) / 8 * 8)) < 1 ? 1
-             : 65536 / (NWARPS * 32 * ((regs_est(causal) + 7) / 8 * 8));
+    static constexpr int min_blocks(bool causal, bool packed = false) {
+        return 65536 / (NWARPS * 32 * ((regs_est(causal, packed) + 7) / 8 * 8)) < 1 ? 1
+             : 65536 / (NWARPS * 32 * ((regs_est(causal, packed) + 7) / 8 * 8));
     }
 
     static_assert(HD % 32 == 0 && HD <= 256, "head-dim bucket must be a multiple of 32, <= 256");
@@ -109,8 +112,9 @@ struct ForwardTile {
 // Q, K, V: (batch, seqlen, heads, d) with arbitrary strides in elements (the last dim is
 // contiguous); q head h reads kv head h / group (MQA/GQA). O has Q's shape (its own strides);
 // L is float32 (batch, heads, seqlen_q), contiguous.
-template <typename T, typename Tile, typename MaskT, typename ScoreT = ScoreScale>
-__global__ void __launch_bounds__(Tile::NTHREADS, Tile::min_blocks(MaskT::CAUSAL))
+template <typename T, typename Tile, typename MaskT, typename ScoreT = ScoreScale,
+          typename SeqT = DenseSeq>
+__global__ void __launch_bounds__(Tile::NTHREADS, Tile::min_blocks(MaskT::CAUSAL, SeqT::PACKED))
 fa2_forward(const FwdParams p) {
     constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c;
     constexpr int KV_STAGES = Tile::KV_STAGES;
@@ -159,12 +163,13 @@ fa2_forward(const FwdParams p) {
     const int row_block = MaskT::CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
     const int head_k = head / group;
-    const SeqInfo seq = seq_info(p, batch);  // this batch entry's rows
+    const SeqInfo seq = SeqT::info(p, batch);  // this batch entry's rows
     const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
     const MaskT mask(p, seqlen_q, seqlen_k);
     const Score score(p, batch, head);
     const int row0 = row_block * B_r;  // first query row of Q_i
     const int chunks = d / 8;          // 16-byte chunks of real data per row
+    if (SeqT::PACKED && row0 >= seqlen_q) return;  // (an entry shorter than the grid's rows)
 
     const elem_t* q = Q + seq.q_offset(q_stride_b, q_stride_s) + row0 * q_stride_s +
                       head * q_stride_h;
@@ -172,7 +177,7 @@ fa2_forward(const FwdParams p) {
     // rebuilt per call from the kernel arguments rather than held in registers.
     auto load_kv = [&](elem_t* dst, const elem_t* base, long long stride_b, long long stride_h,
                        long long stride_s, int col0) {
-        const SeqInfo s = seq_info(p, Tile::REBUILD ? opaque(batch) : batch);
+        const SeqInfo s = SeqT::info(p, Tile::REBUILD ? opaque(batch) : batch);
         const long long hk = Tile::REBUILD ? opaque(head_k) : head_k;
         // (32 rows per warp: the flat-index loader, which holds fewer registers; at d = 96
         // the segmented one spilled)
@@ -280,7 +285,8 @@ fa2_forward(const FwdParams p) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int row = row0 + warp * RPW + mt * 16 + lane / 4 + (e / 2) * 8;
-                    const float dist = score.diagonal(p, row, col0 + (lane % 4) * 2);
+                    const float dist = score.diagonal(row, col0 + (lane % 4) * 2, seqlen_q,
+                                                      seqlen_k);
 #pragma unroll
                     for (int nt = 0; nt < NT_S; ++nt)
                         s[mt][nt][e] = score.apply(p, s[mt][nt][e],

@@ -47,6 +47,7 @@
 //            K/V slots, OVERLAP the intra-warpgroup overlap of S_(j+1) with softmax_j
 //   MaskT = Mask<CAUSAL, LOCAL> (LOCAL: a sliding window's lower limit)
 //   ScoreT = ScoreScale | ScoreHook (score.cuh: softcap and ALiBi)
+//   SeqT = DenseSeq | PackedSeq (seqinfo.cuh: packed = variable-length batches)
 #include "common.cuh"
 #include "hopper.cuh"
 #include "params.cuh"
@@ -106,7 +107,8 @@ struct ForwardTileSm90 {
     static_assert(STAGES >= 2, "at least two K/V slots");
 };
 
-template <typename T, typename Tile, typename MaskT, typename ScoreT = ScoreScale>
+template <typename T, typename Tile, typename MaskT, typename ScoreT = ScoreScale,
+          typename SeqT = DenseSeq>
 __global__ void __launch_bounds__(Tile::NTHREADS, 1)
 fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, STAGES = Tile::STAGES;
@@ -156,6 +158,10 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                 if (half == 1 && rr == T_r - 1 - rr) continue;  // (the middle row: once)
                 r = half ? rr : T_r - 1 - rr;
             }
+            // (packed batches: a row block past the end of its entry has no work)
+            if (SeqT::PACKED &&
+                r * B_r >= p.cu_seqlens_q[x / p.nheads + 1] - p.cu_seqlens_q[x / p.nheads])
+                continue;
             tl = Tile_{r, x % p.nheads, x / p.nheads};
             ++c;
             return true;
@@ -188,7 +194,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         int it = 0, c = 0;
         Tile_ tl;
         for (int count = 0; next_tile(c, tl); ++count) {
-            const SeqInfo seq = seq_info(p, tl.batch);
+            const SeqInfo seq = SeqT::info(p, tl.batch);
             const MaskT mask(p, seq.seqlen_q, seq.seqlen_k);
             const ColumnBlocks cb = column_blocks<B_r, B_c>(mask, tl.row_block);
             const int head_k = tl.head / p.group;
@@ -260,7 +266,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     Tile_ tl;
     for (int count = 0; next_tile(c, tl); ++count) {  // (count: tiles done)
         const int head = tl.head, nheads = p.nheads;
-        const SeqInfo seq = seq_info(p, tl.batch);
+        const SeqInfo seq = SeqT::info(p, tl.batch);
         const int seqlen_q = seq.seqlen_q;
         const MaskT mask(p, seqlen_q, seq.seqlen_k);
         const Score score(p, tl.batch, head);  // (this tile's head)
@@ -286,8 +292,12 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     // (the diagonal distance at this lane's first column: score.cuh)
-                    const float dist = score.diagonal(p, row_lane + (e / 2) * 8,
-                                                      col0 + (lane % 4) * 2);
+                    // (dense: the lengths straight from the parameters, which ptxas reloads
+                    // instead of keeping: the d 128 window + hook tile spilled otherwise)
+                    const float dist = score.diagonal(
+                        row_lane + (e / 2) * 8, col0 + (lane % 4) * 2,
+                        SeqT::PACKED ? seqlen_q : p.seqlen_q,
+                        SeqT::PACKED ? seq.seqlen_k : p.seqlen_k);
 #pragma unroll
                     for (int nt = 0; nt < NT_S; ++nt)
                         s[0][nt][e] = score.apply(p, s[0][nt][e],

@@ -12,7 +12,7 @@ struct FwdParams {
     const elem_t* k;                // K (batch, seqlen_k, heads_k, d)
     const elem_t* v;                // V, as K
     elem_t* o;                      // O, Q's shape (its own strides)
-    float* lse;                     // L (batch, heads, seqlen_q), float32, contiguous
+    float* lse;                     // L (batch, heads, seqlen_q), float32, contiguous; packed: (heads, total_q)
     float* o_accum;                 // FA1: O in float32 (batch, heads, seqlen_q, d)
     float* l_accum;                 // FA1: l (batch, heads, seqlen_q)
     float* m_accum;                 // FA1: m (batch, heads, seqlen_q)
@@ -40,8 +40,11 @@ struct FwdParams {
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale
     int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
+    const int* cu_seqlens_q;        // packed: cumulative query lengths (batch + 1), int32
+    const int* cu_seqlens_k;        // packed: cumulative key lengths (batch + 1), int32
+    int total_q;                    // packed: rows of the packed query tensor
 };
-static_assert(sizeof(FwdParams) == 216, "FwdParams: size differs from cuflash/_params.py");
+static_assert(sizeof(FwdParams) == 240, "FwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(FwdParams, q) == 0, "FwdParams.q");
 static_assert(__builtin_offsetof(FwdParams, k) == 8, "FwdParams.k");
@@ -75,6 +78,9 @@ static_assert(__builtin_offsetof(FwdParams, alibi_slopes) == 192, "FwdParams.ali
 static_assert(__builtin_offsetof(FwdParams, softcap_in) == 200, "FwdParams.softcap_in");
 static_assert(__builtin_offsetof(FwdParams, softcap_out) == 204, "FwdParams.softcap_out");
 static_assert(__builtin_offsetof(FwdParams, alibi_stride_b) == 208, "FwdParams.alibi_stride_b");
+static_assert(__builtin_offsetof(FwdParams, cu_seqlens_q) == 216, "FwdParams.cu_seqlens_q");
+static_assert(__builtin_offsetof(FwdParams, cu_seqlens_k) == 224, "FwdParams.cu_seqlens_k");
+static_assert(__builtin_offsetof(FwdParams, total_q) == 232, "FwdParams.total_q");
 #endif
 
 // Backward kernels (fa2_backward.cu).
@@ -195,7 +201,7 @@ struct Sm90FwdParams {
     const elem_t* k;                // K (batch, seqlen_k, heads_k, d)
     const elem_t* v;                // V, as K
     elem_t* o;                      // O, Q's shape (its own strides)
-    float* lse;                     // L (batch, heads, seqlen_q), float32, contiguous
+    float* lse;                     // L (batch, heads, seqlen_q), float32, contiguous; packed: (heads, total_q)
     float* o_accum;                 // FA1: O in float32 (batch, heads, seqlen_q, d)
     float* l_accum;                 // FA1: l (batch, heads, seqlen_q)
     float* m_accum;                 // FA1: m (batch, heads, seqlen_q)
@@ -223,6 +229,9 @@ struct Sm90FwdParams {
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale
     int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
+    const int* cu_seqlens_q;        // packed: cumulative query lengths (batch + 1), int32
+    const int* cu_seqlens_k;        // packed: cumulative key lengths (batch + 1), int32
+    int total_q;                    // packed: rows of the packed query tensor
     int nheads;                     // query heads (the persistent grid's tiles)
     int batch;                      // batch entries (the persistent grid's tiles)
     int per_unit;                   // tiles per unit of work: 1, or 2 (causal rows T_r-1-r and r)
@@ -264,9 +273,12 @@ static_assert(__builtin_offsetof(Sm90FwdParams, alibi_slopes) == 576, "Sm90FwdPa
 static_assert(__builtin_offsetof(Sm90FwdParams, softcap_in) == 584, "Sm90FwdParams.softcap_in");
 static_assert(__builtin_offsetof(Sm90FwdParams, softcap_out) == 588, "Sm90FwdParams.softcap_out");
 static_assert(__builtin_offsetof(Sm90FwdParams, alibi_stride_b) == 592, "Sm90FwdParams.alibi_stride_b");
-static_assert(__builtin_offsetof(Sm90FwdParams, nheads) == 596, "Sm90FwdParams.nheads");
-static_assert(__builtin_offsetof(Sm90FwdParams, batch) == 600, "Sm90FwdParams.batch");
-static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 604, "Sm90FwdParams.per_unit");
+static_assert(__builtin_offsetof(Sm90FwdParams, cu_seqlens_q) == 600, "Sm90FwdParams.cu_seqlens_q");
+static_assert(__builtin_offsetof(Sm90FwdParams, cu_seqlens_k) == 608, "Sm90FwdParams.cu_seqlens_k");
+static_assert(__builtin_offsetof(Sm90FwdParams, total_q) == 616, "Sm90FwdParams.total_q");
+static_assert(__builtin_offsetof(Sm90FwdParams, nheads) == 620, "Sm90FwdParams.nheads");
+static_assert(__builtin_offsetof(Sm90FwdParams, batch) == 624, "Sm90FwdParams.batch");
+static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 628, "Sm90FwdParams.per_unit");
 #endif
 
 }  // namespace cuflash

@@ -32,8 +32,7 @@ struct ScoreScale {
     __device__ __forceinline__ ScoreScale(const Params& p, int /*batch*/, int /*head*/)
         : ScoreScale(p) {}
 
-    template <class Params>
-    __device__ __forceinline__ float diagonal(const Params&, int, int) const { return 0.f; }
+    __device__ __forceinline__ float diagonal(int, int, int, int) const { return 0.f; }
     template <class Params>
     __device__ __forceinline__ float apply(const Params&, float s, float) const { return s; }
     template <class Params>
@@ -72,10 +71,10 @@ struct ScoreHook {
     // subtract each element's column offset (a compile-time constant), so that the hook's
     // per-element work stays on the FP32 pipe: an int-to-float conversion per element runs on
     // the quarter-rate unit the exponentials need (exact while |distance| < 2^24 keys).
-    // (The lengths are the parameters': variable-length batches will pass each sequence's.)
-    template <class Params>
-    __device__ __forceinline__ float diagonal(const Params& p, int row, int col) const {
-        return static_cast<float>(row + p.seqlen_k - p.seqlen_q - col);
+    // (seqlen_q, seqlen_k: the batch entry's, seqinfo.cuh.)
+    __device__ __forceinline__ float diagonal(int row, int col, int seqlen_q,
+                                              int seqlen_k) const {
+        return static_cast<float>(row + seqlen_k - seqlen_q - col);
     }
     // The hooked score of S at diagonal distance `dist`, in S's units, and its derivative with
     // respect to S (dfactor: 1 - tanh^2 with the softcap, else 1).

@@ -186,6 +186,45 @@ def test_backward_softcap_and_alibi(softcap, alibi, causal, deterministic):
                         alibi_slopes=slopes)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("features", [{}, {"window_size": (64, 0), "softcap": 20.0,
+                                           "alibi": True}], ids=["plain", "window-softcap-alibi"])
+def test_backward_varlen(causal, features):
+    """backward_varlen against each sequence's float64 and same-dtype naive gradients (the 3x
+    rule over the packed gradients): zero-length sequences, queries longer than keys and the
+    other way round, GQA; keys that no query sees get zero gradients."""
+    lens_q, lens_k = [1, 0, 129, 300, 64], [5, 3, 129, 200, 0]
+    h, hk, d = 4, 2, 64
+    features = dict(features)
+    slopes = cp.asarray(np.random.default_rng(1).uniform(0.01, 0.3, (5, h)).astype(np.float32)) \
+        if features.pop("alibi", False) else None
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]) for n in (lens_q, lens_k))
+    dt = DTYPES["bf16"]
+    q, dout = (rand(cp, (int(cu_q[-1]), h, d), dt) for _ in range(2))
+    k, v = (rand(cp, (int(cu_k[-1]), hk, d), dt) for _ in range(2))
+    out, lse = cuflash.forward_varlen(q, k, v, cu_q, cu_k, causal=causal, alibi_slopes=slopes,
+                                      **features)
+    dq, dk, dv = (poisoned_like(x) for x in (q, k, v))
+    res = cuflash.backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k, causal=causal,
+                                  alibi_slopes=slopes, dq=dq, dk=dk, dv=dv, **features)
+    assert res[0] is dq and res[1] is dk and res[2] is dv
+    exact = [cp.zeros(x.shape, cp.float64) for x in (q, k, v)]
+    naive = [cp.zeros(x.shape, x.dtype) for x in (q, k, v)]
+    for b in range(len(lens_q)):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        if qs.start == qs.stop or ks.start == ks.stop:
+            continue
+        one = dict(features, alibi_slopes=None if slopes is None else slopes[b])
+        args = (dout[None, qs], q[None, qs], k[None, ks], v[None, ks], causal)
+        for acc, grads in ((exact, reference.attention_backward_naive(*args, **one)),
+                           (naive, reference.attention_backward_naive_same_dtype(*args, **one))):
+            for a, g, rows in zip(acc, grads, (qs, ks, ks)):
+                a[rows] = g[0]
+    for name, ours, nv, ex in zip(("dq", "dk", "dv"), (dq, dk, dv), naive, exact):
+        assert_accurate(cp, ours, nv, ex, 3.0, name)
+    assert bool((dk[int(cu_k[1]):int(cu_k[2])] == 0).all())  # (the sequence with no queries)
+
+
 def test_empty_and_keyless_backward():
     q, k, v, dout = make_inputs(1, 5, 0, 2, 2, 64, np.float16)
     out, lse = cuflash.forward(q, k, v)

@@ -113,7 +113,10 @@ def test_config_from_shape_reads_the_bench_notation():
     ["-c", "import cuflash; cuflash.precompile()"],
     [str(BENCH / "sm90_check.py")],
     [str(BENCH / "window_bench.py")],
-], ids=["bench", "demo", "precompile", "sm90_check", "window_bench"])
+    [str(BENCH / "score_hook_bench.py")],
+    [str(BENCH / "varlen_bench.py")],
+], ids=["bench", "demo", "precompile", "sm90_check", "window_bench", "score_hook_bench",
+        "varlen_bench"])
 def test_no_gpu_is_said_plainly(cmd):
     """With no GPU visible (CUDA_VISIBLE_DEVICES empty), the bench, the demo and precompile()
     say "no CUDA GPU" instead of failing with a CUDA driver traceback."""
@@ -127,3 +130,16 @@ def test_no_gpu_is_said_plainly(cmd):
     text = res.stdout + res.stderr
     assert "no CUDA GPU" in text, text[-2000:]
     assert "Traceback" not in text or "RuntimeError: no CUDA GPU" in text, text[-2000:]
+
+
+def test_varlen_bench_draws_a_mix_that_totals_the_tokens():
+    """The variable-length bench's lengths: 64..8192 (the last one cut to fit), summing to the
+    token count, and its FLOP count per sequence (4 n^2 d per head, half of it causal)."""
+    vb = _load("varlen_bench")
+    lengths = vb.draw_lengths(65536)
+    assert sum(lengths) == 65536 and max(lengths) <= 8192
+    assert all(n >= 64 for n in lengths[:-1]) and lengths[-1] >= 1
+    assert len(set(lengths)) > len(lengths) // 2  # a mix, not one length
+    assert vb.draw_lengths(65536) == lengths  # seeded
+    assert vb.attention_flops([10, 20], 2, 8, False) == 4 * (100 + 400) * 8 * 2
+    assert vb.attention_flops([10], 1, 8, True) == 4 * 100 * 8 / 2

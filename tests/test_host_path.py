@@ -70,6 +70,12 @@ def _fake_cupy(sms=132, smem=227 * 1024, cc=90):
     cp.empty = lambda shape, dtype=np.float32: FakeArray(np.zeros(shape, dtype))  # (defined)
     cp.zeros = lambda shape, dtype=np.float32: FakeArray(np.zeros(shape, dtype))
     cp.full = lambda shape, value, dtype=np.float32: FakeArray(np.full(shape, value, dtype))
+    cp.asarray = lambda a: FakeArray(np.array(a))
+    cp.asnumpy = lambda x: x.a.copy()
+    cp.ascontiguousarray = lambda x: FakeArray(np.ascontiguousarray(x.a))
+    cp.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(
+        as_strided=lambda x, shape, strides: FakeArray(
+            np.lib.stride_tricks.as_strided(x.a, shape, strides), x.data.ptr)))
     props = {"multiProcessorCount": sms, "sharedMemPerBlockOptin": smem, "major": cc // 10,
              "minor": cc % 10, "l2CacheSize": 50 << 20}
 
@@ -404,3 +410,135 @@ def test_fa1_takes_no_score_hook(fake):
     q, k, v = _qkv(1, 33, 33, 2, 2, 64)
     with pytest.raises(ValueError, match="need algorithm='fa2'"):
         _api.forward(q, k, v, softcap=5.0, algorithm="fa1")
+
+
+# ---- variable-length batches (forward_varlen) ------------------------------------------------
+
+def _packed_qkv(lens_q, lens_k, h=4, hk=2, d=64):
+    rng = np.random.default_rng(1)
+    q = FakeArray(rng.standard_normal((sum(lens_q), h, d)).astype(np.float16))
+    k = FakeArray(rng.standard_normal((sum(lens_k), hk, d)).astype(np.float16))
+    v = FakeArray(rng.standard_normal((sum(lens_k), hk, d)).astype(np.float16))
+    return q, k, v, np.concatenate([[0], np.cumsum(lens_q)]), np.concatenate([[0],
+                                                                            np.cumsum(lens_k)])
+
+
+@pytest.mark.parametrize("family", ["portable", "sm90"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_varlen_packs_the_entries(fake, monkeypatch, family, causal):
+    """The packed batch's launch: the grid over the longest entry's row blocks and the
+    entries, seqlen_q / seqlen_k the longest lengths, the cu_seqlens copies' addresses, total_q,
+    q and out as (1, total, heads, d) with their own strides, L as (heads, total_q)."""
+    monkeypatch.setattr(_tma, "_encode", lambda addr, *a: 0)
+    lens_q, lens_k = [5, 0, 300, 77], [9, 4, 250, 500]
+    q, k, v, cu_q, cu_k = _packed_qkv(lens_q, lens_k)
+    if family == "portable":
+        with _api.portable_kernels():
+            out, lse = _api.forward_varlen(q, k, v, cu_q, list(cu_k), causal=causal)
+    else:
+        out, lse = _api.forward_varlen(q, k, v, cu_q, list(cu_k), causal=causal)
+    ((name, grid, block, smem, p),) = fake
+    assert out.shape == q.shape and lse.shape == (4, sum(lens_q))
+    assert (p["seqlen_q"], p["seqlen_k"], p["total_q"], p["group"]) == (300, 500, 382, 2)
+    assert p["cu_seqlens_q"] != 0 and p["cu_seqlens_k"] != 0
+    assert (p["q"], p["k"], p["o"], p["lse"]) == (q.data.ptr, k.data.ptr, out.data.ptr,
+                                                  lse.data.ptr)
+    assert (p["q_stride_s"], p["q_stride_h"], p["k_stride_s"]) == (4 * 64, 64, 2 * 64)
+    if family == "portable":
+        cfg = _plan.forward_config(64, causal, 227 * 1024, 500, packed=True)
+        assert name == _plan.forward_kernel_name("float16", cfg, causal, packed=True)
+        assert name.endswith("cuflash::ScoreScale, cuflash::PackedSeq>")
+        assert grid == (-(-300 // cfg.B_r), 4, 4)
+    else:
+        cfg = _plan.sm90_forward_config(64, causal, 500, packed=True)
+        assert name == _plan.sm90_forward_kernel_name("float16", cfg, causal, packed=True)
+        assert name.endswith("cuflash::ScoreScale, cuflash::PackedSeq>")
+        assert (p["nheads"], p["batch"]) == (4, 4)
+        assert grid[0] == min(-(-300 // cfg.B_r) * 4 * 4, 132)
+
+
+def test_forward_varlen_takes_device_cu_seqlens(fake):
+    """int32 device arrays are passed as they are (their own addresses); max_seqlen is then
+    needed, unless check_cu_seqlens reads them back."""
+    q, k, v, cu_q, cu_k = _packed_qkv([3, 8], [8, 3])
+    dq, dk = FakeArray(cu_q.astype(np.int32)), FakeArray(cu_k.astype(np.int32))
+    with _api.portable_kernels():
+        with pytest.raises(ValueError, match="max_seqlen_q is needed"):
+            _api.forward_varlen(q, k, v, dq, dk)
+        assert not fake
+        _api.forward_varlen(q, k, v, dq, dk, 8, 8)
+        _api.forward_varlen(q, k, v, dq, dk, check_cu_seqlens=True)
+    (_, _, _, _, p), (_, _, _, _, p2) = fake
+    assert (p["cu_seqlens_q"], p["cu_seqlens_k"]) == (dq.data.ptr, dk.data.ptr)
+    assert (p2["seqlen_q"], p2["seqlen_k"]) == (8, 8)
+
+
+@pytest.mark.parametrize("cu_q,cu_k,kw,err", [
+    ([1, 3, 11], [0, 8, 11], {}, "cu_seqlens_q must start at 0"),
+    ([0, 9, 8, 11], [0, 1, 2, 11], {}, "never decrease"),
+    ([0, 3, 10], [0, 8, 11], {}, "end at 11"),
+    ([0, 11], [0, 8, 11], {}, "same length"),
+    ([0.0, 11.0], [0, 11], {}, "integer sequence"),
+    ([0, 3, 11], [0, 8, 11], {"max_seqlen_q": 7}, "less than the longest"),
+    ([0, 3, 11], [0, 8, 11], {"max_seqlen_k": -1}, "int >= 0"),
+])
+def test_forward_varlen_refuses_bad_cu_seqlens(fake, cu_q, cu_k, kw, err):
+    q, k, v, _, _ = _packed_qkv([3, 8], [8, 3])
+    with pytest.raises(ValueError, match=err):
+        _api.forward_varlen(q, k, v, cu_q, cu_k, **kw)
+    assert not fake
+
+
+def test_forward_varlen_refuses_bad_arrays(fake):
+    q, k, v, cu_q, cu_k = _packed_qkv([3, 8], [8, 3])
+    with pytest.raises(ValueError, match="3-D"):
+        _api.forward_varlen(q[None], k, v, cu_q, cu_k)
+    with pytest.raises(ValueError, match="1-D int32"):
+        _api.forward_varlen(q, k, v, FakeArray(cu_q.astype(np.int64)), cu_k, 8, 8)
+    with pytest.raises(TypeError, match="sequence of ints"):
+        _api.forward_varlen(q, k, v, 11, cu_k)
+    with pytest.raises(ValueError, match=r"alibi_slopes must be float32 of shape \(4,\) or "
+                                         r"\(2, 4\)"):
+        _api.forward_varlen(q, k, v, cu_q, cu_k, alibi_slopes=FakeArray(
+            np.ones((3, 4), np.float32)))
+    assert not fake
+
+
+def test_precompile_builds_the_feature_and_packed_kernels_asked_for():
+    """precompile(windows=..., varlen=...): the feature keyword sets per variant (FA1 and the
+    backward take no packed batch)."""
+    fwd, bwd, fa1 = _registry.FA2_FORWARD, _registry.FA2_BACKWARD, _registry.FA1_FORWARD
+    assert _api._precompile_features(fwd, False, False) == [{}]
+    assert _api._precompile_features(fwd, False, True) == [{}, {"packed": True}]
+    both = _api._precompile_features(fwd, True, True)
+    assert len(both) == 8 and {"local": True, "hooked": True, "packed": True} in both
+    assert _api._precompile_features(bwd, True, True) == \
+        _api._precompile_features(bwd, True, False)
+    assert _api._precompile_features(fa1, True, True) == [{}]
+
+
+def test_backward_varlen_runs_each_sequence_on_its_rows(fake):
+    """backward_varlen: one dense backward per sequence with queries and keys, on views of
+    the packed arrays at each sequence's first row (no launch for the empty ones), L gathered
+    per sequence; dq, dk, dv zeroed first (keys no query sees keep zero gradients)."""
+    lens_q, lens_k = [5, 0, 300, 7], [9, 4, 250, 0]
+    q, k, v, cu_q, cu_k = _packed_qkv(lens_q, lens_k)
+    dout = FakeArray(np.ones(q.shape, np.float16))
+    lse = FakeArray(np.zeros((4, q.shape[0]), np.float32))
+    with _api.portable_kernels():
+        dq, dk, dv = _api.backward_varlen(dout, q, k, v, dout, lse, cu_q, cu_k, causal=True)
+    mains = [p for name, _, _, _, p in fake if name.startswith("cuflash::fa2_backward<")]
+    assert [(p["seqlen_q"], p["seqlen_k"]) for p in mains] == [(5, 9), (300, 250)]
+    row = 4 * 64 * 2  # bytes per packed query row (4 heads, d 64, fp16)
+    assert [p["q"] - q.data.ptr for p in mains] == [0, 5 * row]
+    assert [p["k"] - k.data.ptr for p in mains] == [0, 13 * (2 * 64 * 2)]
+    assert [p["dq"] - dq.data.ptr for p in mains] == [0, 5 * row]
+    assert dq.shape == q.shape and dk.shape == k.shape and not dk.a.any()
+
+
+def test_backward_varlen_refuses_a_dense_lse(fake):
+    q, k, v, cu_q, cu_k = _packed_qkv([3, 8], [8, 3])
+    with pytest.raises(ValueError, match=r"lse must be float32 of shape \(heads, total_q\)"):
+        _api.backward_varlen(q, q, k, v, q, FakeArray(np.zeros((1, 4, 11), np.float32)), cu_q,
+                             cu_k)
+    assert not fake

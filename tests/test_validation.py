@@ -180,13 +180,14 @@ def test_each_architecture_class_builds_the_shapes_planned_for_it():
         names = {n for _, n in _plan.all_specialisations(arch)}
         assert names <= union
         if arch == "90a":  # the Hopper forward family alone, its tiles per padded head dim
-            # (sliding windows: local; the score hook: hooked, on its own tiles where listed)
-            tiles = {(cfg, c, local, hooked) for HD in _plan.HEAD_DIM_BUCKETS
-                     for c in (False, True) for local in (False, True)
-                     for hooked in (False, True)
-                     for cfg in _plan.sm90_forward_configs(HD, c, hooked)}
-            assert names == {_plan.sm90_forward_kernel_name(dt, cfg, c, local, hooked)
-                             for dt in _plan.ELEMENT_TAGS for cfg, c, local, hooked in tiles}
+            # (sliding windows: local; the score hook: hooked; variable-length batches:
+            # packed; on their own tiles where listed)
+            tiles = {(cfg, c, local, hooked, packed) for HD in _plan.HEAD_DIM_BUCKETS
+                     for c, local, hooked, packed in itertools.product((False, True), repeat=4)
+                     for cfg in _plan.sm90_forward_configs(HD, c, local or hooked, packed)}
+            assert names == {_plan.sm90_forward_kernel_name(dt, cfg, c, local, hooked, packed)
+                             for dt in _plan.ELEMENT_TAGS
+                             for cfg, c, local, hooked, packed in tiles}
             assert all(cfg.smem_bytes <= smems[0] for cfg, *_ in tiles)
             continue
         bulk = _plan.has_bulk_copy(int(arch))  # the dQ bulk reduction: sm_90 only

@@ -1,0 +1,116 @@
+"""Variable-length batches: cuflash.forward_varlen on a realistic mix of lengths against the
+same sequences padded to the longest (cuflash's dense kernel, and cuDNN / FlashAttention-2
+through torch SDPA where torch is installed), in one run with kernel timing (bench.py's
+median_ms: CUDA events around calls issued back to back, L2 flushed before each).
+
+    python bench/varlen_bench.py                     # d 128, 16 heads, bf16, 64k tokens
+    python bench/varlen_bench.py --headdim 64 --heads 32 --json out.json
+
+The lengths are drawn log-uniformly from 64..8192 (seeded) until they total --tokens. Reported:
+tokens/s over the real tokens (the padded runs compute the padding too), and TFLOP/s over the
+FLOPs each run really needs, so that varlen and the dense kernel compare at equal FLOPs (the
+dense kernel's own TFLOP/s on the padded batch is its full, padded work).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench  # noqa: E402  (median_ms)
+
+
+def draw_lengths(tokens: int, lo: int = 64, hi: int = 8192, seed: int = 0) -> list[int]:
+    """Lengths drawn log-uniformly from lo..hi until they total `tokens` (the last one cut to
+    fit, kept >= 1)."""
+    rng = np.random.default_rng(seed)
+    lengths = []
+    while sum(lengths) < tokens:
+        n = int(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+        lengths.append(max(1, min(n, tokens - sum(lengths))))
+    return lengths
+
+
+def attention_flops(lengths, heads: int, d: int, causal: bool) -> float:
+    """4 n^2 d per head and sequence (two matmuls), half of it under the causal mask."""
+    return sum(4.0 * n * n * d * heads * (0.5 if causal else 1.0) for n in lengths)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=65536)
+    ap.add_argument("--headdim", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--providers", default="torch-flash,torch-cudnn",
+                    help="torch's padded runs, besides cuflash's varlen and padded ones")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+
+    from cuflash._api import gpu_missing
+    if gpu_missing():
+        print(f"varlen_bench: {gpu_missing()}. Nothing was run.", file=sys.stderr)
+        return 2
+    import cupy as cp
+    import ml_dtypes
+
+    import cuflash
+    dt = ml_dtypes.bfloat16 if args.dtype == "bf16" else np.float16
+    h, d = args.heads, args.headdim
+    lengths = draw_lengths(args.tokens)
+    total, longest = sum(lengths), max(lengths)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    cu_dev = cp.asarray(cu)
+    print(f"{len(lengths)} sequences, {total} tokens, longest {longest}, d {d}, {h} heads, "
+          f"{args.dtype}", flush=True)
+    q, k, v = (cp.random.standard_normal((total, h, d), dtype=cp.float32).astype(dt)
+               for _ in range(3))
+    pq, pk, pv = (cp.random.standard_normal((len(lengths), longest, h, d),
+                                            dtype=cp.float32).astype(dt) for _ in range(3))
+    rows = []
+    for causal in (False, True):
+        real = attention_flops(lengths, h, d, causal)
+        padded = attention_flops([longest] * len(lengths), h, d, causal)
+        runs = {
+            "cuflash-varlen": lambda causal=causal: cuflash.forward_varlen(
+                q, k, v, cu_dev, cu_dev, longest, longest, causal),
+            "cuflash-padded": lambda causal=causal: cuflash.forward(pq, pk, pv, causal),
+        }
+        for provider in args.providers.split(","):
+            if provider.startswith("torch-"):
+                point = bench.Point(cp, args.dtype, len(lengths), h, longest, d, causal, "fwd")
+                try:
+                    runs.update({f"{provider}-padded": fn for fn in
+                                 point.callables(provider).values()})
+                except Exception as e:  # (torch missing, or the backend refuses the shape)
+                    print(f"  {provider}: skipped ({type(e).__name__}: {e})", flush=True)
+        for name, fn in runs.items():
+            fn()
+            ms = bench.median_ms(cp, fn, 3, args.reps)
+            flops = real if name == "cuflash-varlen" else padded
+            row = dict(provider=name, causal=causal, ms=ms, tokens_per_s=total / ms * 1e3,
+                       tflops_real=real / ms * 1e-9, tflops_own=flops / ms * 1e-9,
+                       sequences=len(lengths), tokens=total, longest=longest, headdim=d,
+                       heads=h, dtype=args.dtype)
+            rows.append(row)
+            print(f"{'causal' if causal else 'plain '} {name:22} {ms:8.3f} ms  "
+                  f"{row['tokens_per_s'] / 1e6:7.2f} M tokens/s  {row['tflops_real']:6.1f} "
+                  f"TFLOP/s real work ({row['tflops_own']:6.1f} its own)", flush=True)
+    if args.json:
+        meta = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+                "lengths": lengths,
+                "command": "python bench/varlen_bench.py " + " ".join(sys.argv[1:])}
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
