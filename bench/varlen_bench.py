@@ -9,7 +9,9 @@ median_ms: CUDA events around calls issued back to back, L2 flushed before each)
 The lengths are drawn log-uniformly from 64..8192 (seeded) until they total --tokens. Reported:
 tokens/s over the real tokens (the padded runs compute the padding too), and TFLOP/s over the
 FLOPs each run really needs, so that varlen and the dense kernel compare at equal FLOPs (the
-dense kernel's own TFLOP/s on the padded batch is its full, padded work).
+dense kernel's own TFLOP/s on the padded batch is its full, padded work). cuflash-dense-each:
+the dense kernel on each sequence alone, one call per sequence (the sum of their times): the
+same work as varlen, without the packing.
 """
 
 from __future__ import annotations
@@ -92,10 +94,21 @@ def main(argv=None) -> int:
                                  point.callables(provider).values()})
                 except Exception as e:  # (torch missing, or the backend refuses the shape)
                     print(f"  {provider}: skipped ({type(e).__name__}: {e})", flush=True)
+        timed = {}
         for name, fn in runs.items():
             fn()
-            ms = bench.median_ms(cp, fn, 3, args.reps)
-            flops = real if name == "cuflash-varlen" else padded
+            timed[name] = bench.median_ms(cp, fn, 3, args.reps)
+        # The dense kernel on each sequence alone (one call each, batch 1): the same work as
+        # varlen, in len(lengths) launches (the sum of their times).
+        each = 0.0
+        for n in lengths:
+            one = [x[:n][None] for x in (q, k, v)]
+            cuflash.forward(*one, causal)
+            each += bench.median_ms(cp, lambda one=one, c=causal: cuflash.forward(*one, c), 2,
+                                    max(3, args.reps // 4))
+        timed["cuflash-dense-each"] = each
+        for name, ms in timed.items():
+            flops = padded if name.endswith("-padded") else real
             row = dict(provider=name, causal=causal, ms=ms, tokens_per_s=total / ms * 1e3,
                        tflops_real=real / ms * 1e-9, tflops_own=flops / ms * 1e-9,
                        sequences=len(lengths), tokens=total, longest=longest, headdim=d,

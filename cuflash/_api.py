@@ -699,14 +699,22 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
                          bind=kernel.bind_thread)  # (encoding needs the context current)
     if maps is None:
         return False
-    shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id)
-    grid, per_unit = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
+    if packed:  # tiles handed out in turn from a counter at zero (fa2_forward_sm90.cu)
+        counter = cupy.zeros(1, dtype=np.int32)
+        features = dict(features, tile_counter=counter.data.ptr)
+        grid, per_unit = _registry.sm90_packed_grid(
+            cfg, features["total_q"], nheads, batch,
+            int(_device_properties(cupy, device_id)["multiProcessorCount"])), 1
+    else:
+        shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id)
+        grid, per_unit = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + {cfg.consumers} consumer "
               f"warpgroups): "
               f"B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.stages} K/V stages, head dim padded to "
               f"{cfg.HD}, persistent grid of {grid[0]} blocks over "
-              f"{-(-seqlen_q // cfg.B_r) * nheads * batch} tiles ({per_unit} per unit), "
+              + ("the packed batch's row blocks, handed out in turn, " if packed else
+                 f"{-(-seqlen_q // cfg.B_r) * nheads * batch} tiles ({per_unit} per unit), ") +
               f"{cfg.smem_bytes} bytes of shared memory")
     qs, ks, vs = qkv_strides
     tm_q, tm_k, tm_v = maps
@@ -917,7 +925,7 @@ def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
                          f"{(q.shape[1], q.shape[0])}, as forward_varlen returns it, got "
                          f"{lse.dtype} {tuple(lse.shape)}")
     if alibi_slopes is not None:  # (checked against the packed batch once, here)
-        _hook(cupy, softcap, alibi_slopes, q, packed.batch)
+        _hook(cupy, softcap, alibi_slopes, q[None], packed.batch)
     grads = []
     for name, x, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         if x is None:

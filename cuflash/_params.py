@@ -167,6 +167,8 @@ SM90_FWD = Struct("Sm90FwdParams", "Hopper forward kernel (fa2_forward_sm90.cu).
     Field("nheads", "i32", "query heads (the persistent grid's tiles)"),
     Field("batch", "i32", "batch entries (the persistent grid's tiles)"),
     Field("per_unit", "i32", "tiles per unit of work: 1, or 2 (causal rows T_r-1-r and r)"),
+    Field("tile_counter", "ptr", "packed: the tile scheduler's counter, int32, zero at launch",
+          "int*", 0),
 ])
 
 # ---- the backward family: preprocess, main kernel, dQ pass ----------------------------------

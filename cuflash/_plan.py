@@ -318,9 +318,10 @@ class Sm90ForwardConfig:
 
     @functools.cached_property  # (read at every launch)
     def smem_bytes(self) -> int:
-        # 1024 (alignment) + Q_i + stages x (K_j, V_j) + mbarriers (ForwardTileSm90::SMEM_BYTES)
+        # 1024 (alignment) + Q_i + stages x (K_j, V_j) + mbarriers + the packed batches' tile
+        # ring (ForwardTileSm90::SMEM_BYTES)
         return 1024 + 2 * self.B_r * self.HD + 2 * self.stages * 2 * self.B_c * self.HD \
-            + 8 * (2 + 4 * self.stages)
+            + 8 * (2 + 4 * self.stages) + 4 * (16 + 2 * 8)
 
     def tile_asserts(self) -> list[str]:
         return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}"]
@@ -455,8 +456,14 @@ def _table() -> dict:
     # (its 160 registers hold no more); the two-warpgroup short tile takes every length.
     put("sm90a", "fwd_feat", 64, None, [_h(64, 128, 4)])
     # fwd_packed: over a variable-length batch the entry's lengths and offsets take registers
-    # of their own, and d 128's 128x176 spills (4-8 bytes): 128x128 (not measured yet).
-    put("sm90a", "fwd_packed", 128, None, [_h(128, 128, 2)])
+    # of their own: d 128's 128x176 spills (4-8 bytes), and d 64's three consumers (8 bytes):
+    # 128x128 for both (d 128 with the lazy rescale, which fits there).
+    put("sm90a", "fwd_packed", 128, None, [_h(128, 128, 2, lazy=True)])
+    put("sm90a", "fwd_packed", 64, None, [_h(64, 128, 4)])
+    # and with the tile scheduler's ring (the tiles taken in turn), d 256's 128x80 spills in the
+    # consumers (60 bytes, causal): 128x64, the short-key tile, which the entries of a
+    # variable-length batch mostly are.
+    put("sm90a", "fwd_packed", 256, None, [_h(256, 64, 2)])
     return t
 
 
@@ -476,13 +483,15 @@ def sm90_forward_config(d: int, causal: bool, seqlen_k: int | None = None,
                         feat: bool = False, packed: bool = False) -> Sm90ForwardConfig:
     """The Hopper forward's tile for head dim d (TILES, class "sm90a"), for keys of length
     `seqlen_k` where given (the short-sequence tile up to SM90_SHORT_KEYS); feat: the kernel
-    with a sliding window, the score hook or a variable-length batch ("fwd_feat" where
-    listed); packed: the last ("fwd_packed" first, where listed)."""
+    with a sliding window or the score hook ("fwd_feat" where listed); packed: over a
+    variable-length batch ("fwd_packed" where listed, after "fwd_feat" with feat)."""
     HD = sm90_head_dim_bucket(d)
-    for key in ((("sm90a", "fwd_packed", HD, bool(causal)),) if packed else ()) + \
-            ((("sm90a", "fwd_feat", HD, bool(causal)),) if feat or packed else ()):
+    for key in ((("sm90a", "fwd_feat", HD, bool(causal)),) if feat else ()) + \
+            ((("sm90a", "fwd_packed", HD, bool(causal)),) if packed else ()):
         if key in TILES:
             return TILES[key][0]
+    if packed:  # (the entries' lengths are not known here: the long-key tile)
+        seqlen_k = None
     short = sm90_forward_short(d, causal, seqlen_k)
     return TILES[("sm90a", "fwd_short" if short else "fwd", sm90_head_dim_bucket(d),
                   bool(causal))][0]

@@ -104,6 +104,14 @@ def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, nheads: int, batch: int,
     return (max(1, min(units, sms)), 1, 1), per_unit
 
 
+def sm90_packed_grid(cfg, total_q: int, nheads: int, batch: int, sms: int) -> tuple:
+    """The Hopper forward's grid over a packed (variable-length) batch: a block per SM, or
+    fewer where the batch has fewer tiles (at most nheads x (total_q / B_r + batch) of them:
+    each entry's last row block may be partial). The blocks take the tiles in turn
+    (fa2_forward_sm90.cu, next_packed_tile)."""
+    return (max(1, min(nheads * (-(-total_q // cfg.B_r) + batch), sms)), 1, 1)
+
+
 def _sm90_forward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False,
                         packed=False) -> list:
     # one plan per Hopper bucket (64, 128, 192, 256), listed under the portable bucket that

@@ -536,6 +536,18 @@ __device__ __forceinline__ void st_shared_v4(unsigned addr, float a, float b, fl
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};"
                  :: "r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
+// 16 bytes of ints to and from shared memory, where the asm keeps them in order with the
+// mbarrier operations around them (the Hopper forward's tile ring).
+__device__ __forceinline__ void st_shared_v4(unsigned addr, int4 v) {
+    asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};"
+                 :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ int4 ld_shared_v4_s32(unsigned addr) {
+    int4 v;
+    asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+    return v;
+}
 // A 32-bit load from shared memory that the compiler keeps where it is written (it is never
 // hoisted into a register held across a loop).
 __device__ __forceinline__ int ld_shared_s32(unsigned addr) {

@@ -88,7 +88,11 @@ struct ForwardTileSm90 {
     static constexpr int Q_BYTES = B_r * HD * 2;
     static constexpr int KV_BYTES = B_c * HD * 2;  // one of K_j, V_j
     static constexpr int BAR_BYTES = 8 * (2 + 4 * STAGES);
-    static constexpr int SMEM_BYTES = 1024 + Q_BYTES + 2 * STAGES * KV_BYTES + BAR_BYTES;
+    // The tile ring of packed batches' scheduler ("the tiles" below): SCHED_SLOTS tiles of
+    // 16 bytes and two mbarriers each (tile written, tile read by every role).
+    static constexpr int SCHED_SLOTS = 4, SCHED_BYTES = SCHED_SLOTS * (16 + 2 * 8);
+    static constexpr int SMEM_BYTES =
+        1024 + Q_BYTES + 2 * STAGES * KV_BYTES + BAR_BYTES + SCHED_BYTES;
     // setmaxnreg moves registers between warpgroups of the block: the consumers' increase
     // waits until the producer's decrease has freed enough of what the launch allocated
     // (__launch_bounds__(NTHREADS, 1): 168 per thread with 384, 128 with 512). Asking for more
@@ -129,6 +133,11 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     auto v_full = [&](int stage) { return bars + 8 * (2 + STAGES + stage); };
     auto k_free = [&](int stage) { return bars + 8 * (2 + 2 * STAGES + stage); };
     auto v_free = [&](int stage) { return bars + 8 * (2 + 3 * STAGES + stage); };
+    // The scheduler's ring (packed batches): slot t's tile, "written" and "read" barriers.
+    const unsigned sched = bars + Tile::BAR_BYTES;
+    auto sched_tile = [&](int t) { return sched + 16 * t; };
+    auto sched_full = [&](int t) { return sched + 16 * Tile::SCHED_SLOTS + 8 * t; };
+    auto sched_free = [&](int t) { return sched + 24 * Tile::SCHED_SLOTS + 8 * t; };
 
     const int tid = threadIdx.x, warpgroup = tid / 128;
 
@@ -146,25 +155,59 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     struct Tile_ {
         int row_block, head, batch;
     };
+    // Packed batches (variable length) take their tiles in turn instead: the entries' row
+    // blocks differ in number and length, and a static split left the blocks' shares 1.1-1.3x
+    // apart on a realistic mix of lengths. A scheduler thread (thread 64, in the producer
+    // warpgroup) draws the next unit number from a counter (p.tile_counter, zero at launch;
+    // a block's first unit is its index), finds its tile (PackedUnits: the entries' row
+    // blocks without gaps, causal the longest first) and writes it to a ring of SCHED_SLOTS
+    // slots in shared memory, where the producers and the consumers read it in turn (a slot
+    // is rewritten once all have: one arrival per producer thread and per consumer warp).
+    auto schedule_packed_tiles = [&]() {
+        PackedUnits<B_r> walk;
+        for (int c = 0;; ++c) {
+            const int t = c % Tile::SCHED_SLOTS;
+            mbar_wait(sched_free(t), ((c / Tile::SCHED_SLOTS) & 1) ^ 1);
+            const int u = c == 0 ? blockIdx.x : gridDim.x + atomicAdd(p.tile_counter, 1);
+            int head, block;
+            const bool found = walk.find(p, u, head, block);
+            st_shared_v4(sched_tile(t),
+                         found ? make_int4(MaskT::CAUSAL ? walk.T_r - 1 - block : block, head,
+                                           walk.entry, 0)
+                               : make_int4(-1, 0, 0, 0));  // (the end)
+            mbar_arrive(sched_full(t));
+            if (!found) return;
+        }
+    };
+    auto next_packed_tile = [&](int& c, Tile_& tl) {
+        const int t = c % Tile::SCHED_SLOTS;
+        mbar_wait(sched_full(t), (c / Tile::SCHED_SLOTS) & 1);
+        const int4 got = ld_shared_v4_s32(sched_tile(t));
+        if (tid >= 128) __syncwarp();  // (a consumer warp: every lane has read it)
+        if (tid % 32 == 0) mbar_arrive(sched_free(t));
+        ++c;
+        tl = Tile_{got.x, got.y, got.z};
+        return got.x >= 0;
+    };
     // This block's tile number c onwards: the next tile into tl and c past it; false at the
     // end. (The producer threads and the consumers walk the same sequence.)
     auto next_tile = [&](int& c, Tile_& tl) {
-        for (;; ++c) {
-            const int u = blockIdx.x + c / per * gridDim.x, half = c % per;
-            if (u >= units) return false;
-            const int x = u / unit_rows, rr = u % unit_rows;  // the pair, its unit
-            int r = MaskT::CAUSAL ? T_r - 1 - rr : rr;         // (one tile per unit)
-            if (per == 2) {                                    // T_r - 1 - rr, then rr
-                if (half == 1 && rr == T_r - 1 - rr) continue;  // (the middle row: once)
-                r = half ? rr : T_r - 1 - rr;
+        if constexpr (SeqT::PACKED) {
+            return next_packed_tile(c, tl);
+        } else {
+            for (;; ++c) {
+                const int u = blockIdx.x + c / per * gridDim.x, half = c % per;
+                if (u >= units) return false;
+                const int x = u / unit_rows, rr = u % unit_rows;  // the pair, its unit
+                int r = MaskT::CAUSAL ? T_r - 1 - rr : rr;         // (one tile per unit)
+                if (per == 2) {                                    // T_r - 1 - rr, then rr
+                    if (half == 1 && rr == T_r - 1 - rr) continue;  // (the middle row: once)
+                    r = half ? rr : T_r - 1 - rr;
+                }
+                tl = Tile_{r, x % p.nheads, x / p.nheads};
+                ++c;
+                return true;
             }
-            // (packed batches: a row block past the end of its entry has no work)
-            if (SeqT::PACKED &&
-                r * B_r >= p.cu_seqlens_q[x / p.nheads + 1] - p.cu_seqlens_q[x / p.nheads])
-                continue;
-            tl = Tile_{r, x % p.nheads, x / p.nheads};
-            ++c;
-            return true;
         }
     };
 
@@ -177,6 +220,12 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             mbar_init(k_free(s), 4 * Tile::CONSUMERS);
             mbar_init(v_free(s), 4 * Tile::CONSUMERS);
         }
+        if constexpr (SeqT::PACKED) {  // the tile ring
+            for (int t = 0; t < Tile::SCHED_SLOTS; ++t) {
+                mbar_init(sched_full(t), 1);
+                mbar_init(sched_free(t), 2 + 4 * Tile::CONSUMERS);
+            }
+        }
         mbar_init_fence();
     }
     __syncthreads();
@@ -188,6 +237,9 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         // waits behind a V slot that P~V still reads. Slots are counted over all the block's
         // tiles (`it`): K_j (or V_j) goes to slot it % STAGES once the consumers have freed
         // its previous round.
+        if constexpr (SeqT::PACKED) {
+            if (tid == 64) schedule_packed_tiles();
+        }
         if (tid != 0 && tid != 32) return;
         const bool is_k = tid == 0;
         const TensorMap* map = is_k ? &p.tm_k : &p.tm_v;

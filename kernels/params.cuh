@@ -235,6 +235,7 @@ struct Sm90FwdParams {
     int nheads;                     // query heads (the persistent grid's tiles)
     int batch;                      // batch entries (the persistent grid's tiles)
     int per_unit;                   // tiles per unit of work: 1, or 2 (causal rows T_r-1-r and r)
+    int* tile_counter;              // packed: the tile scheduler's counter, int32, zero at launch
 };
 static_assert(sizeof(Sm90FwdParams) == 640, "Sm90FwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
@@ -279,6 +280,7 @@ static_assert(__builtin_offsetof(Sm90FwdParams, total_q) == 616, "Sm90FwdParams.
 static_assert(__builtin_offsetof(Sm90FwdParams, nheads) == 620, "Sm90FwdParams.nheads");
 static_assert(__builtin_offsetof(Sm90FwdParams, batch) == 624, "Sm90FwdParams.batch");
 static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 628, "Sm90FwdParams.per_unit");
+static_assert(__builtin_offsetof(Sm90FwdParams, tile_counter) == 632, "Sm90FwdParams.tile_counter");
 #endif
 
 }  // namespace cuflash

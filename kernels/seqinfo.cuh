@@ -65,6 +65,30 @@ struct PackedSeq {
     }
 };
 
+// A packed batch's row blocks of B_r rows, numbered without gaps: entry by entry, an entry's
+// heads one after the other, a head's row blocks in order. find(u) gives unit u's (head, row
+// block) and leaves `entry` and its T_r on u's entry. For a scheduler that hands out units
+// in increasing order (fa2_forward_sm90.cu): the walk only moves on, over the entries between
+// two units (zero-length entries have no units).
+template <int B_r>
+struct PackedUnits {
+    int entry = 0, first = 0, T_r = 0;  // the walk's entry, its first unit, its row blocks
+
+    template <class Params>
+    __device__ __forceinline__ bool find(const Params& p, int u, int& head, int& block) {
+        for (; entry < p.batch; ++entry, first += T_r * p.nheads) {
+            T_r = (p.cu_seqlens_q[entry + 1] - p.cu_seqlens_q[entry] + B_r - 1) / B_r;
+            if (u < first + T_r * p.nheads) {
+                head = (u - first) / T_r;
+                block = (u - first) % T_r;
+                return true;
+            }
+        }
+        T_r = 0;
+        return false;  // (past the last unit)
+    }
+};
+
 // The dense layout, for the kernels that have no other yet (FlashAttention-1, the backward).
 template <class Params>
 __device__ __forceinline__ SeqInfo seq_info(const Params& p, int batch) {

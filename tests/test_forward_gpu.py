@@ -211,7 +211,8 @@ def test_window_of_256_over_16k_keys(family):
 
 def run_varlen_and_check(lens_q, lens_k, h, hk, d, dt, causal, factor=2.0, **features):
     """forward_varlen on packed sequences of the given lengths against each sequence's float64
-    and same-dtype naive attention (the accuracy rule over the whole packed output)."""
+    and same-dtype naive attention (the accuracy rule over the whole packed output). Returns
+    out, lse and the inputs (q, k, v, cu_seqlens_q, cu_seqlens_k)."""
     cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]).astype(np.int64) for n in (lens_q, lens_k))
     q = rand(cp, (int(cu_q[-1]), h, d), dt)
     k, v = (rand(cp, (int(cu_k[-1]), hk, d), dt) for _ in range(2))
@@ -238,7 +239,7 @@ def run_varlen_and_check(lens_q, lens_k, h, hk, d, dt, causal, factor=2.0, **fea
                                                          causal, **one)[0]
     assert_accurate(cp, out, naive, O_ref, factor, "out")
     assert_lse(cp, lse, L_ref)
-    return out, lse
+    return out, lse, (q, k, v, cu_q, cu_k)
 
 
 # lengths (query, key) of the packed sequences: zero-length ones, one row, lengths that are
@@ -258,6 +259,22 @@ def test_forward_varlen(lens, causal, d, family):
     dtypes, GQA, with the masks aligned to each sequence's own corner."""
     for dt, (h, hk) in (("bf16", (4, 2)), ("fp16", (2, 2))):
         run_varlen_and_check(*lens, h, hk, d, DTYPES[dt], causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_varlen_many_tiles(causal, family):
+    """More tiles than SMs, so that the Hopper kernel's blocks draw tiles from its scheduler
+    (a counter, zero at each launch): every tile computed once, and a second call (a fresh
+    counter) gives the same bits, whichever block took which tile."""
+    rng = np.random.default_rng(7)
+    lens_q = [int(n) for n in rng.integers(0, 700, 48)]
+    lens_k = [int(n) for n in rng.integers(1, 700, 48)]
+    h = 8
+    assert h * sum(-(-n // 192) for n in lens_q) > 4 * 132  # (tiles: several per block)
+    out, lse, (q, k, v, cu_q, cu_k) = run_varlen_and_check(lens_q, lens_k, h, 2, 64,
+                                                           DTYPES["bf16"], causal)
+    again = cuflash.forward_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal)
+    assert bool((again[0] == out).all()) and bool(cp.array_equal(again[1], lse))
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -427,7 +427,7 @@ def _packed_qkv(lens_q, lens_k, h=4, hk=2, d=64):
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_varlen_packs_the_entries(fake, monkeypatch, family, causal):
     """The packed batch's launch: the grid over the longest entry's row blocks and the
-    entries, seqlen_q / seqlen_k the longest lengths, the cu_seqlens copies' addresses, total_q,
+    entries (portable; Hopper: a block per SM at most), seqlen_q / seqlen_k the longest lengths, the cu_seqlens copies' addresses, total_q,
     q and out as (1, total, heads, d) with their own strides, L as (heads, total_q)."""
     monkeypatch.setattr(_tma, "_encode", lambda addr, *a: 0)
     lens_q, lens_k = [5, 0, 300, 77], [9, 4, 250, 500]
@@ -454,7 +454,10 @@ def test_forward_varlen_packs_the_entries(fake, monkeypatch, family, causal):
         assert name == _plan.sm90_forward_kernel_name("float16", cfg, causal, packed=True)
         assert name.endswith("cuflash::ScoreScale, cuflash::PackedSeq>")
         assert (p["nheads"], p["batch"]) == (4, 4)
-        assert grid[0] == min(-(-300 // cfg.B_r) * 4 * 4, 132)
+        # (a block per SM at most, over nheads x (total_q / B_r + batch) tiles at most; the
+        # tiles taken in turn from a counter that starts at zero)
+        assert grid[0] == min(4 * (-(-382 // cfg.B_r) + 4), 132)
+        assert p["tile_counter"] != 0 and p["per_unit"] == 1
 
 
 def test_forward_varlen_takes_device_cu_seqlens(fake):
