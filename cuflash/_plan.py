@@ -455,6 +455,9 @@ def _table() -> dict:
     # fwd_feat: with the score hook or a sliding window, the three-warpgroup d 64 tile spills
     # (its 160 registers hold no more); the two-warpgroup short tile takes every length.
     put("sm90a", "fwd_feat", 64, None, [_h(64, 128, 4)])
+    # fwd_local_hooked: a window and the hook in one kernel; d 128's 128x176 spills there
+    # causal (4 bytes, the hook's two loop variants, score.cuh apply_fragment).
+    put("sm90a", "fwd_local_hooked", 128, True, [_h(128, 128, 2, lazy=True)])
     # fwd_packed: over a variable-length batch the entry's lengths and offsets take registers
     # of their own: d 128's 128x176 spills (4-8 bytes), and d 64's three consumers (8 bytes):
     # 128x128 for both (d 128 with the lazy rescale, which fits there).
@@ -480,13 +483,16 @@ SM90_SHORT_KEYS = {64: (2048, 2048), 128: (512, 4096), 256: (512, 1024)}
 
 
 def sm90_forward_config(d: int, causal: bool, seqlen_k: int | None = None,
-                        feat: bool = False, packed: bool = False) -> Sm90ForwardConfig:
+                        feat: bool = False, packed: bool = False,
+                        local_hooked: bool = False) -> Sm90ForwardConfig:
     """The Hopper forward's tile for head dim d (TILES, class "sm90a"), for keys of length
     `seqlen_k` where given (the short-sequence tile up to SM90_SHORT_KEYS); feat: the kernel
     with a sliding window or the score hook ("fwd_feat" where listed); packed: over a
-    variable-length batch ("fwd_packed" where listed, after "fwd_feat" with feat)."""
+    variable-length batch ("fwd_packed" where listed, after "fwd_feat" with feat);
+    local_hooked: a window and the hook both ("fwd_local_hooked" first, where listed)."""
     HD = sm90_head_dim_bucket(d)
-    for key in ((("sm90a", "fwd_feat", HD, bool(causal)),) if feat else ()) + \
+    for key in ((("sm90a", "fwd_local_hooked", HD, bool(causal)),) if local_hooked else ()) + \
+            ((("sm90a", "fwd_feat", HD, bool(causal)),) if feat or local_hooked else ()) + \
             ((("sm90a", "fwd_packed", HD, bool(causal)),) if packed else ()):
         if key in TILES:
             return TILES[key][0]
@@ -510,10 +516,11 @@ SM90_SHORT_LIMIT = {(d, c): SM90_SHORT_KEYS[HD][int(c)]
 
 
 def sm90_forward_configs(d: int, causal: bool, feat: bool = False,
-                         packed: bool = False) -> list[Sm90ForwardConfig]:
+                         packed: bool = False,
+                         local_hooked: bool = False) -> list[Sm90ForwardConfig]:
     """Every tile sm90_forward_config can pick for head dim d: the usual one and, where the
     bucket has one, the short-sequence one (distinct, in that order)."""
-    return list(dict.fromkeys(sm90_forward_config(d, causal, n, feat, packed)
+    return list(dict.fromkeys(sm90_forward_config(d, causal, n, feat, packed, local_hooked)
                               for n in (None, 1)))
 
 

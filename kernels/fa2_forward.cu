@@ -281,17 +281,14 @@ fa2_forward(const FwdParams p) {
         // alone, which the softmax folds into its exponent).
         if constexpr (Score::REWRITES) {
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
+            for (int mt = 0; mt < MT; ++mt) {
+                float dist[2];  // (the lane's two rows, at its first column)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int row = row0 + warp * RPW + mt * 16 + lane / 4 + (e / 2) * 8;
-                    const float dist = score.diagonal(row, col0 + (lane % 4) * 2, seqlen_q,
-                                                      seqlen_k);
-#pragma unroll
-                    for (int nt = 0; nt < NT_S; ++nt)
-                        s[mt][nt][e] = score.apply(p, s[mt][nt][e],
-                                                   dist - static_cast<float>(nt * 8 + e % 2));
-                }
+                for (int e2 = 0; e2 < 2; ++e2)
+                    dist[e2] = score.diagonal(row0 + warp * RPW + mt * 16 + lane / 4 + e2 * 8,
+                                              col0 + (lane % 4) * 2, seqlen_q, seqlen_k);
+                score.apply_fragment(p, s[mt], dist);
+            }
         }
 
         // Mask (only on blocks that cross a mask limit or the end of K, mask.cuh):

@@ -341,20 +341,16 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             // The score hook (score.cuh): S_ij as the softmax sees it (nothing to do for the
             // scale alone, which the softmax folds into its exponent).
             if constexpr (Score::REWRITES) {
+                // (the diagonal distance at this lane's first column, its two rows: score.cuh)
+                // (dense: the lengths straight from the parameters, which ptxas reloads
+                // instead of keeping: the d 128 window + hook tile spilled otherwise)
+                float dist[2];
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    // (the diagonal distance at this lane's first column: score.cuh)
-                    // (dense: the lengths straight from the parameters, which ptxas reloads
-                    // instead of keeping: the d 128 window + hook tile spilled otherwise)
-                    const float dist = score.diagonal(
-                        row_lane + (e / 2) * 8, col0 + (lane % 4) * 2,
-                        SeqT::PACKED ? seqlen_q : p.seqlen_q,
-                        SeqT::PACKED ? seq.seqlen_k : p.seqlen_k);
-#pragma unroll
-                    for (int nt = 0; nt < NT_S; ++nt)
-                        s[0][nt][e] = score.apply(p, s[0][nt][e],
-                                                  dist - static_cast<float>(nt * 8 + e % 2));
-                }
+                for (int e2 = 0; e2 < 2; ++e2)
+                    dist[e2] = score.diagonal(row_lane + e2 * 8, col0 + (lane % 4) * 2,
+                                              SeqT::PACKED ? seqlen_q : p.seqlen_q,
+                                              SeqT::PACKED ? seq.seqlen_k : p.seqlen_k);
+                score.apply_fragment(p, s[0], dist);
             }
             // Mask (mask.cuh), on blocks that cross a mask limit or the end of K
             // (block_range.cuh): S_ij[r, c] = -inf where key c is not visible from query r.

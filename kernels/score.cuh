@@ -94,6 +94,37 @@ struct ScoreHook {
         float unused;
         return apply(p, s, dist, unused);
     }
+
+    // The forward's hook over a fragment of S: NT n8 tiles of the mma accumulator layout
+    // (element e of tile nt at row e / 2, column 8 nt + e % 2 of the lane's), dist[e / 2] the
+    // diagonal distance at the lane's first column. Which features are on is tested once, not
+    // per element, so that each variant's loop is one straight run the scheduler interleaves
+    // (a test per element measured the forward 1.4-1.9x the plain kernel's time).
+    template <class Params, int NT>
+    __device__ __forceinline__ void apply_fragment(const Params& p, float (&s)[NT][4],
+                                                   const float (&dist)[2]) const {
+        if (p.softcap_in != 0.f)  // (ALiBi's term too: a slope of 0 adds nothing)
+            fragment<true, true>(p, s, dist);
+        else
+            fragment<false, true>(p, s, dist);
+    }
+
+  private:
+    template <bool SOFTCAP, bool ALIBI, class Params, int NT>
+    __device__ __forceinline__ void fragment(const Params& p, float (&s)[NT][4],
+                                             const float (&dist)[2]) const {
+        const float cap_in = p.softcap_in, cap_out = p.softcap_out;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = s[nt][e];
+                if (SOFTCAP) x = cap_out * tanh_approx(x * cap_in);
+                if (ALIBI)  // S - slope |i + seqlen_k - seqlen_q - j|
+                    x = fmaf(-slope, fabsf(dist[e / 2] - static_cast<float>(nt * 8 + e % 2)), x);
+                s[nt][e] = x;
+            }
+    }
 };
 
 }  // namespace cuflash

@@ -184,7 +184,8 @@ def test_each_architecture_class_builds_the_shapes_planned_for_it():
             # packed; on their own tiles where listed)
             tiles = {(cfg, c, local, hooked, packed) for HD in _plan.HEAD_DIM_BUCKETS
                      for c, local, hooked, packed in itertools.product((False, True), repeat=4)
-                     for cfg in _plan.sm90_forward_configs(HD, c, local or hooked, packed)}
+                     for cfg in _plan.sm90_forward_configs(HD, c, local or hooked, packed,
+                                                          local and hooked)}
             assert names == {_plan.sm90_forward_kernel_name(dt, cfg, c, local, hooked, packed)
                              for dt in _plan.ELEMENT_TAGS
                              for cfg, c, local, hooked, packed in tiles}
