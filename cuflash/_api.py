@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import numbers
 from functools import lru_cache
@@ -161,9 +162,9 @@ def _check_shapes_uncached(q, k, v) -> None:
                          "headdim must agree")
     if nheads_k == 0 or nheads % nheads_k != 0:
         raise ValueError(f"q heads ({nheads}) must be a multiple of k/v heads ({nheads_k})")
-    if d % 8 != 0 or not 8 <= d <= _plan.MAX_HEAD_DIM:
-        raise ValueError(f"head dim {d} is not supported: it must be a multiple of 8 between 8 "
-                         f"and {_plan.MAX_HEAD_DIM}")
+    if not 1 <= d <= _plan.MAX_HEAD_DIM:
+        raise ValueError(f"head dim {d} is not supported: it must be between 1 and "
+                         f"{_plan.MAX_HEAD_DIM}")
     if nheads > _GRID_YZ_MAX or batch > _GRID_YZ_MAX:
         raise ValueError(f"batch ({batch}) and heads ({nheads}) must each be <= {_GRID_YZ_MAX}")
     if max(seqlen_q, seqlen_k) >= 2**31 - 256:
@@ -243,6 +244,18 @@ def _check_flag(name: str, value) -> bool:
     raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
+def _odd_d_features(upper: bool, local: bool, left: int, right: int, hooked: bool,
+                    seqlen_q: int, seqlen_k: int) -> tuple:
+    """(local, left, right, hooked) for a head dim that is not a multiple of 8: its kernels
+    (OddD tiles) always have the window and the hook, so a call without a window gets sides
+    past every key (causal: right = 0) and one without the hook its defaults (off)."""
+    if not local:
+        left = right = seqlen_q + seqlen_k
+        if upper:
+            right = 0
+    return True, left, right, True
+
+
 def _window(causal: bool, window_size, seqlen_q: int, seqlen_k: int) -> tuple:
     """(causal, local, left, right) of a call's mask, for the kernels' Mask<causal, local>
     (kernels/mask.cuh) and the parameters' window_left / window_right. window_size = (left,
@@ -315,9 +328,11 @@ def _check_qkv(q, k, v):
 
 
 def _aligned_qkv(cupy, q, k, v, layout) -> tuple:
-    """q, k, v with 16-byte aligned rows (see _aligned) and their strides (three 3-tuples)."""
+    """q, k, v with 16-byte aligned rows (see _aligned) and their strides (three 3-tuples).
+    Head dims that are not a multiple of 8 take them as they are (the OddD kernels' loads go
+    element by element)."""
     strides, rows_aligned = layout
-    if rows_aligned and (q.data.ptr | k.data.ptr | v.data.ptr) % 16 == 0:
+    if rows_aligned and (q.data.ptr | k.data.ptr | v.data.ptr) % 16 == 0 or q.shape[-1] % 8:
         return q, k, v, strides
     q, k, v = (_aligned(cupy, x) for x in (q, k, v))
     return q, k, v, (_strides(q), _strides(k), _strides(v))
@@ -373,7 +388,8 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
     k, v : cupy.ndarray, (batch, seqlen_k, nheads_k, headdim), same dtype as q.
         ``nheads % nheads_k == 0``; query head h reads key/value head
         ``h // (nheads // nheads_k)`` (MQA / GQA). Any strides in whole elements with a
-        contiguous last dim. headdim: a multiple of 8, at most 256.
+        contiguous last dim. headdim: 1 to 256 (a multiple of 8 runs fastest: others take
+        element-wise loads, and on Hopper the portable kernels).
     causal : bool
         Mask aligned to the bottom-right corner: query i sees key j iff
         ``j <= i + seqlen_k - seqlen_q``. Rows that see no key get out = 0, lse = -inf.
@@ -589,6 +605,14 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
     if hooked and algorithm == "fa1":
         raise ValueError("softcap and alibi_slopes need algorithm='fa2' (FlashAttention-1's "
                          "kernel has no score hook)")
+    odd_d = d % 8 != 0  # (OddD kernels: the window and the hook always)
+    if odd_d:
+        if algorithm == "fa1":
+            raise ValueError(f"algorithm='fa1' needs a head dim that is a multiple of 8 (got "
+                             f"{d}); algorithm='fa2' takes any head dim from 1 to "
+                             f"{_plan.MAX_HEAD_DIM}")
+        local, left, right, hooked = _odd_d_features(upper, local, left, right, hooked,
+                                                     seqlen_q, seqlen_k)
     # (a plain call leaves the feature fields at their defaults, which turn them off)
     features = dict(window_left=left, window_right=right, alibi_slopes=slopes,
                     alibi_stride_b=slopes_b, **_softcap_fields(cap, scale), **fields) \
@@ -606,8 +630,8 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
                 if len(_out_layouts_ok) >= 1024:
                     _out_layouts_ok.clear()
                 _out_layouts_ok.add((out.shape, out.strides, out.dtype))
-            _check_output_alignment("out", out, 16)
-            if _aligned(cupy, out) is not out:
+            _check_output_alignment("out", out, 2 if odd_d else 16)
+            if not odd_d and _aligned(cupy, out) is not out:
                 raise ValueError("out must start on a 16-byte boundary with strides that are "
                                  "multiples of 8 elements")
             out_strides = _strides(out)
@@ -631,9 +655,17 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
         hopper_tile = isinstance(config, _plan.Sm90ForwardConfig)
         if hopper_tile and _capability(cupy, device_id) != 90:
             raise ValueError("a Hopper tile (bench notation hBcxStages) needs an sm_90 GPU")
+        if odd_d and hopper_tile:
+            raise ValueError(f"a Hopper tile needs a head dim that is a multiple of 8 (TMA's "
+                             f"16-byte rows), got {d}")
+        if odd_d and config is not None:  # (an explicit portable tile, in its OddD form)
+            config = dataclasses.replace(config, odd_d=True)
         is_packed = packed is not None
         kind = (upper, local, hooked, is_packed)  # the mask, the score hook, the layout
-        if (hopper_tile or config is None and _uses_sm90(cupy, device_id)) and seqlen_k > 0 \
+        # (the Hopper family reads rows by TMA, in 16 bytes: head dims that are not a multiple
+        # of 8 take the portable kernel)
+        if (hopper_tile or config is None and not odd_d and _uses_sm90(cupy, device_id)) \
+                and seqlen_k > 0 \
                 and _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale,
                                   verbose, qkv_strides, out_strides,
                                   config if hopper_tile else None,
@@ -647,7 +679,7 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
             _registry.FA2_FORWARD,
             lambda: _registry.fa2_forward_plan(_dtype_name(q.dtype), HD, upper,
                                                _max_smem(cupy, device_id), seqlen_k, config,
-                                               local, hooked, is_packed))
+                                               local, hooked, is_packed, odd_d))
         cfg, kernel = plan.cfg, kernels["main"]
         grid = _registry.fa2_forward_grid(cfg, seqlen_q, nheads, batch)
         if verbose:
@@ -807,7 +839,8 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
     in parallel. Returns how many specialisations were prepared. windows: also the kernels
     with a sliding window or the score hook (softcap, ALiBi); varlen: also the forward's
     kernels for variable-length batches (forward_varlen), with every window and hook where
-    windows is set too (otherwise each is compiled on its first use).
+    windows is set too (otherwise each is compiled on its first use). head_dims that are not
+    a multiple of 8 add their OddD kernels (which take every option).
 
     Raises
     ------
@@ -834,7 +867,8 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
         (v.source, name, v.options) for v in variants for dt in dtypes
         for HD in (sm90_buckets if v is _registry.FA2_FORWARD_SM90 else buckets)
         for c in causal
-        for features in _precompile_features(v, windows, varlen)
+        for features in _precompile_features(v, windows, varlen,
+                                             any(d % 8 for d in head_dims or ()))
         for plan in v.plans(dt, HD, c, max_smem, bulk, **features)
         for name in plan.kernels.values()))
 
@@ -847,13 +881,18 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
     return len(names)
 
 
-def _precompile_features(variant, windows: bool, varlen: bool) -> list:
-    """The feature keyword sets (local, hooked, packed) precompile builds for a variant."""
+def _precompile_features(variant, windows: bool, varlen: bool, odd_d: bool = False) -> list:
+    """The feature keyword sets (local, hooked, packed, odd_d) precompile builds for a
+    variant; odd_d: a head dim that is not a multiple of 8 was asked for (its OddD kernels)."""
     kinds = [(False, False)] + ([(True, False), (False, True), (True, True)]
                                 if windows and variant.features else [])
     layouts = [False] + ([True] if varlen and variant.packed else [])
-    return [{key: True for key, on in (("local", lo), ("hooked", ho), ("packed", pk)) if on}
+    sets = [{key: True for key, on in (("local", lo), ("hooked", ho), ("packed", pk)) if on}
             for pk in layouts for lo, ho in kinds]
+    if odd_d and variant.odd_d:
+        sets += [dict(local=True, hooked=True, odd_d=True, **({"packed": True} if pk else {}))
+                 for pk in layouts]
+    return sets
 
 
 def backward(dout, q, k, v, out, lse, causal: bool = False,
@@ -966,6 +1005,12 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
     scale = _softmax_scale(softmax_scale, d)
     causal, local, left, right = _window(causal, window_size, seqlen_q, seqlen_k)
     hooked, cap, slopes, slopes_b = _hook(cupy, softcap, alibi_slopes, q)
+    odd_d = d % 8 != 0  # (OddD kernels: the window and the hook always, as in the forward)
+    if odd_d:
+        if isinstance(config, _plan.BackwardConfig):
+            config = dataclasses.replace(config, odd_d=True)
+        local, left, right, hooked = _odd_d_features(causal, local, left, right, hooked,
+                                                     seqlen_q, seqlen_k)
 
     with _on_device(cupy, device_id):
         grads, given = [], {}
@@ -974,7 +1019,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
                 x = cupy.empty(like.shape, dtype=like.dtype)
             else:
                 _check_given(cupy, name, x, like.shape, like.dtype, q, True)
-                _check_output_alignment(name, x, 16)
+                _check_output_alignment(name, x, 2 if odd_d else 16)
                 given[name] = x
             grads.append(x)
         dq, dk, dv = grads
@@ -986,12 +1031,13 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
                 g.fill(0)
             return dq, dk, dv
         q, k, v, qkv_strides = _aligned_qkv(cupy, q, k, v, layout)
-        dout, out = _aligned(cupy, dout), _aligned(cupy, out)
+        if not odd_d:  # (OddD kernels read rows element by element, as they are)
+            dout, out = _aligned(cupy, dout), _aligned(cupy, out)
         # The tile shape and the three compiled kernels, looked up once per configuration.
         def make_plan():
             max_smem, bulk = _max_smem(cupy, device_id), _has_bulk_copy(cupy, device_id)
             HD = _plan.backward_head_dim_bucket(d)
-            cfg = config or _plan.backward_config(HD, max_smem, bulk, local, hooked)
+            cfg = config or _plan.backward_config(HD, max_smem, bulk, local, hooked, odd_d)
             return _registry.fa2_backward_plan(_dtype_name(q.dtype), HD, causal, max_smem,
                                                bulk, bool(deterministic and cfg.dq_bulk), cfg,
                                                local, hooked)
@@ -1033,7 +1079,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
             dkv_strides = _strides(dk_buf[0])
         else:
             dk_buf, dv_buf, dkv_strides = dk, dv, _strides(dk)
-        lanes = 1 << max(0, (d // 8 - 1).bit_length())  # preprocess: pow2 >= d / 8 per row
+        lanes = 1 << max(0, (-(-d // 8) - 1).bit_length())  # preprocess: pow2 >= d / 8 per row
         qs, ks, vs = qkv_strides
         with params.lock:  # one struct for the three kernels
             params.pack(q=q.data.ptr, k=k.data.ptr, v=v.data.ptr, o=out.data.ptr,

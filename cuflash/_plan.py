@@ -5,12 +5,13 @@ CPU compile check builds all of them)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass
 
-# Head dims are rounded up to one of these compiled buckets; the real d (a multiple of 8) is
-# zero-padded inside shared memory, never in HBM.
+# Head dims are rounded up to one of these compiled buckets; the real d is zero-padded inside
+# shared memory, never in HBM (d % 8 != 0: by the OddD tiles' element-wise loads).
 HEAD_DIM_BUCKETS = (32, 64, 96, 128, 160, 192, 224, 256)
 MAX_HEAD_DIM = HEAD_DIM_BUCKETS[-1]
 
@@ -30,6 +31,12 @@ def head_dim_bucket(d: int) -> int:
     return _bucket(d, HEAD_DIM_BUCKETS)
 
 
+def _odd_d_type(odd_d: bool, tile: str) -> str:
+    """A tile type, wrapped in OddD (element-wise loads and stores) for head dims that are not
+    a multiple of 8."""
+    return f"cuflash::OddD<{tile}>" if odd_d else tile
+
+
 @dataclass(frozen=True)
 class ForwardConfig:
     """Tile shape of the FA2 forward kernel (kernels/fa2_forward.cu, ForwardTile)."""
@@ -39,6 +46,7 @@ class ForwardConfig:
     B_c: int     # rows of K/V per column block
     nwarps: int  # warps per thread block; each owns B_r / nwarps rows of Q
     kv_stages: int = 1  # shared-memory buffers for K_j, V_j (2: the next pair loads during a step)
+    odd_d: bool = False  # head dims that are not a multiple of 8 (OddD<Tile>, common.cuh)
 
     @property
     def threads(self) -> int:
@@ -65,8 +73,8 @@ class ForwardConfig:
 
     @property
     def tile_type(self) -> str:
-        return (f"cuflash::ForwardTile<{self.HD}, {self.B_r}, {self.B_c}, {self.nwarps}, "
-                f"{self.kv_stages}>")
+        return _odd_d_type(self.odd_d, f"cuflash::ForwardTile<{self.HD}, {self.B_r}, "
+                                       f"{self.B_c}, {self.nwarps}, {self.kv_stages}>")
 
     def tile_asserts(self) -> list[str]:
         return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}",
@@ -199,6 +207,7 @@ class BackwardConfig:
                   # while this one is computed)
     dq_bulk: int = 0  # dQ added into dQ_accum by per-thread float atomics (0), or by one bulk
                       # reduction per step from 1 or 2 shared-memory tiles (sm_90+)
+    odd_d: bool = False  # head dims that are not a multiple of 8 (OddD<Tile>, common.cuh)
 
     @property
     def threads(self) -> int:
@@ -235,8 +244,10 @@ class BackwardConfig:
 
     @property
     def tile_type(self) -> str:
-        return (f"cuflash::BackwardTile<{self.HD}, {self.B_r}, {self.B_c}, {self.nwarps}, "
-                f"{self.wm_sdp}, {self.wm_dkv}, {self.wm_dq}, {self.qstages}, {self.dq_bulk}>")
+        return _odd_d_type(self.odd_d, f"cuflash::BackwardTile<{self.HD}, {self.B_r}, "
+                                       f"{self.B_c}, {self.nwarps}, {self.wm_sdp}, "
+                                       f"{self.wm_dkv}, {self.wm_dq}, {self.qstages}, "
+                                       f"{self.dq_bulk}>")
 
     def tile_asserts(self) -> list[str]:
         t = self.tile_type
@@ -564,10 +575,16 @@ def forward_short(HD: int, causal: bool, seqlen_k: int | None) -> bool:
 
 def forward_config(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM,
                    seqlen_k: int | None = None, local: bool = False,
-                   hooked: bool = False, packed: bool = False) -> ForwardConfig:
+                   hooked: bool = False, packed: bool = False,
+                   odd_d: bool = False) -> ForwardConfig:
     """The forward tile for head-dim bucket HD on a device allowing `max_smem_bytes` of dynamic
     shared memory per block (for keys of length `seqlen_k`, where given; local, hooked, packed:
-    the kernel with a sliding window, with the score hook, over a variable-length batch)."""
+    the kernel with a sliding window, with the score hook, over a variable-length batch;
+    odd_d: a head dim that is not a multiple of 8, whose kernels always have the window and
+    the hook, so that one kernel per mask takes every option: the feature tile, in OddD)."""
+    if odd_d:
+        return dataclasses.replace(forward_config(HD, causal, max_smem_bytes, None, True, True,
+                                                  packed), odd_d=True)
     cls, feat = gpu_class(max_smem_bytes), local or hooked or packed
     if packed and (cls, "fwd_packed", HD, bool(causal)) in TILES:
         return _first_fitting((cls, "fwd_packed", HD, bool(causal)), max_smem_bytes)
@@ -579,11 +596,11 @@ def forward_config(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM,
 
 def forward_plans(HD: int, causal: bool, max_smem_bytes: int = SM90_SMEM,
                   local: bool = False, hooked: bool = False,
-                  packed: bool = False) -> list[ForwardConfig]:
+                  packed: bool = False, odd_d: bool = False) -> list[ForwardConfig]:
     """Every tile forward_config can pick for bucket HD on such a device: the usual one and,
     where the bucket has one, the short-key one (distinct, in that order)."""
     return list(dict.fromkeys(forward_config(HD, causal, max_smem_bytes, n, local, hooked,
-                                             packed) for n in (None, 1)))
+                                             packed, odd_d) for n in (None, 1)))
 
 
 def backward_configs(HD: int, bulk: bool = False) -> list[BackwardConfig]:
@@ -594,11 +611,15 @@ def backward_configs(HD: int, bulk: bool = False) -> list[BackwardConfig]:
 
 def backward_config(HD: int, max_smem_bytes: int = 227 * 1024,
                     bulk: bool = False, local: bool = False,
-                    hooked: bool = False) -> BackwardConfig:
+                    hooked: bool = False, odd_d: bool = False) -> BackwardConfig:
     """The backward tile for head-dim bucket HD on a device allowing `max_smem_bytes` per
     block; bulk: the device has the bulk copy engine (sm_90+, see has_bulk_copy). Only the
     sm90 class (227 KB) takes bulk tiles; `bulk=False` forces the dQ-atomics tiles. local,
-    hooked: the kernels with a sliding window, with the score hook."""
+    hooked: the kernels with a sliding window, with the score hook; odd_d: a head dim that is
+    not a multiple of 8 (the window and the hook always, as in the forward, in OddD)."""
+    if odd_d:
+        return dataclasses.replace(backward_config(HD, max_smem_bytes, bulk, True, True),
+                                   odd_d=True)
     cls = "sm90" if bulk and gpu_class(max_smem_bytes) == "sm90" else "sm80"
     if hooked and (cls, "bwd_hook", HD, False) in TILES:
         return _first_fitting((cls, "bwd_hook", HD, False), max_smem_bytes)

@@ -44,12 +44,16 @@ class Variant:
     options: tuple = ()            # compiler options beyond _loader.NVRTC_OPTIONS
     features: bool = True          # its kernels take windows and the score hook
     packed: bool = False           # ... and variable-length batches (seqinfo.cuh's PackedSeq)
+    odd_d: bool = False            # ... and head dims that are not a multiple of 8 (OddD tiles,
+                                   # with the window and the hook: plans(..., odd_d=True))
 
 
 # ---- FA2 forward ---------------------------------------------------------------------------
 
 def _fa2_forward_plan(dtype_name: str, cfg, causal: bool, local: bool = False,
                       hooked: bool = False, packed: bool = False) -> Plan:
+    if cfg.odd_d:  # (OddD kernels always have the window and the hook)
+        local = hooked = True
     return Plan(cfg, {"main": _plan.forward_kernel_name(dtype_name, cfg, causal, local, hooked,
                                                         packed)},
                 {"main": cfg.smem_bytes})
@@ -57,9 +61,10 @@ def _fa2_forward_plan(dtype_name: str, cfg, causal: bool, local: bool = False,
 
 def fa2_forward_plan(dtype_name: str, HD: int, causal: bool, max_smem: int,
                      seqlen_k: int | None = None, config=None, local: bool = False,
-                     hooked: bool = False, packed: bool = False) -> Plan:
+                     hooked: bool = False, packed: bool = False, odd_d: bool = False) -> Plan:
     """The forward's plan for keys of length seqlen_k (config: an explicit tile)."""
-    cfg = config or _plan.forward_config(HD, causal, max_smem, seqlen_k, local, hooked, packed)
+    cfg = config or _plan.forward_config(HD, causal, max_smem, seqlen_k, local, hooked, packed,
+                                         odd_d)
     return _fa2_forward_plan(dtype_name, cfg, causal, local, hooked, packed)
 
 
@@ -70,10 +75,10 @@ def fa2_forward_grid(cfg, seqlen_q: int, nheads: int, batch: int) -> tuple:
 
 FA2_FORWARD = Variant(
     "fa2_forward", _plan.FORWARD_FILE, _params.FWD, ("80", "90"),
-    lambda dt, HD, causal, smem, bulk, local=False, hooked=False, packed=False: [
+    lambda dt, HD, causal, smem, bulk, local=False, hooked=False, packed=False, odd_d=False: [
         _fa2_forward_plan(dt, cfg, causal, local, hooked, packed)
-        for cfg in _plan.forward_plans(HD, causal, smem, local, hooked, packed)],
-    packed=True)
+        for cfg in _plan.forward_plans(HD, causal, smem, local, hooked, packed, odd_d)],
+    packed=True, odd_d=True)
 
 
 # ---- FA2 forward on Hopper (sm_90a: TMA, wgmma, warp specialisation) --------------------------
@@ -142,7 +147,7 @@ def fa1_forward_grids(seqlen_q: int, d: int, nheads: int, batch: int) -> dict:
     """main: one thread block per (head, batch), as FA1 did; finalize: one thread per 8
     elements of O."""
     return {"main": (nheads, batch, 1),
-            "finalize": ((seqlen_q * (d // 8) + 127) // 128, nheads, batch)}
+            "finalize": ((seqlen_q * -(-d // 8) + 127) // 128, nheads, batch)}
 
 
 FA1_FORWARD = Variant(
@@ -155,10 +160,12 @@ FA1_FORWARD = Variant(
 
 def fa2_backward_plan(dtype_name: str, HD: int, causal: bool, max_smem: int, bulk: bool,
                       ordered: bool = False, config=None, local: bool = False,
-                      hooked: bool = False) -> Plan:
+                      hooked: bool = False, odd_d: bool = False) -> Plan:
     """The backward's three kernels. ordered: the deterministic mode's kernel with ordered dQ
     additions (tiles with bulk dQ only)."""
-    cfg = config or _plan.backward_config(HD, max_smem, bulk, local, hooked)
+    cfg = config or _plan.backward_config(HD, max_smem, bulk, local, hooked, odd_d)
+    if cfg.odd_d:  # (OddD kernels always have the window and the hook)
+        local = hooked = True
     return Plan(cfg, {"pre": _plan.backward_preprocess_name(dtype_name),
                       "main": _plan.backward_kernel_name(dtype_name, cfg, causal, ordered,
                                                          local, hooked),
@@ -166,17 +173,19 @@ def fa2_backward_plan(dtype_name: str, HD: int, causal: bool, max_smem: int, bul
                 {"pre": 0, "main": cfg.smem_bytes, "dq": 0})
 
 
-def _fa2_backward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False) -> list:
+def _fa2_backward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False,
+                        odd_d=False) -> list:
     try:
-        cfg = _plan.backward_config(HD, smem, bulk, local, hooked)
+        cfg = _plan.backward_config(HD, smem, bulk, local, hooked, odd_d)
     except RuntimeError:  # does not fit this GPU: backward() raises there
         return []
-    return [fa2_backward_plan(dt, HD, causal, smem, bulk, ordered, local=local, hooked=hooked)
+    return [fa2_backward_plan(dt, HD, causal, smem, bulk, ordered, local=local, hooked=hooked,
+                              odd_d=odd_d)
             for ordered in ((False, True) if cfg.dq_bulk else (False,))]
 
 
 FA2_BACKWARD = Variant("fa2_backward", _plan.BACKWARD_FILE, _params.BWD, ("80", "90"),
-                       _fa2_backward_plans)
+                       _fa2_backward_plans, odd_d=True)
 
 
 def backward_preprocess_grid(seqlen_q: int, lanes: int, nheads: int, batch: int) -> tuple:
@@ -190,7 +199,7 @@ def backward_dq_grid(cfg, seqlen_q: int, d: int, nheads: int, batch: int) -> tup
     if cfg.dq_bulk:
         T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
         return ((T_r * cfg.B_r * cfg.HD // 4 + 127) // 128, nheads, batch)
-    return ((seqlen_q * (d // 8) + 127) // 128, nheads, batch)
+    return ((seqlen_q * -(-d // 8) + 127) // 128, nheads, batch)
 
 
 def backward_grid(T_c: int, grid_heads: int, batch: int, causal: bool, ordered: bool,
@@ -264,13 +273,17 @@ def specialisations(arch: str, variants=VARIANTS) -> list[tuple[str, str, object
             continue
         for dt in _plan.ELEMENT_TAGS:
             for HD in _plan.HEAD_DIM_BUCKETS:
-                for causal, local, hooked, packed in itertools.product((False, True), repeat=4):
+                for causal, local, hooked, packed, odd_d in itertools.product((False, True),
+                                                                              repeat=5):
                     if (local or hooked) and not variant.features or \
-                            packed and not variant.packed:
+                            packed and not variant.packed or \
+                            odd_d and not (variant.odd_d and local and hooked):
                         continue
                     features = {"local": local, "hooked": hooked} if local or hooked else {}
                     if packed:
                         features["packed"] = True
+                    if odd_d:
+                        features["odd_d"] = True
                     for smem in smems:
                         for plan in variant.plans(dt, HD, causal, smem, bulk, **features):
                             for role, name in plan.kernels.items():

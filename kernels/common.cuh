@@ -359,6 +359,82 @@ __device__ __forceinline__ void load_tile_async(elem_t* smem, const elem_t* src,
 }
 
 // ---------------------------------------------------------------------------------------------
+// Head dims that are not a multiple of 8 (OddD tiles). A row of d elements then starts on a
+// 2-byte boundary only, out of reach of 16-byte copies: tiles move element by element through
+// registers instead, padded with zeros past d on chip, into the same swizzled layout. These
+// copies are synchronous (in shared memory when the call returns), which every cp.async
+// ordering of the kernels also allows. d % 8 == 0 keeps the cp.async path and its code.
+// ---------------------------------------------------------------------------------------------
+
+// A kernel's tile with ODD_D set: the same shape, element-wise global loads and stores.
+template <class Tile>
+struct OddD : Tile {
+    static constexpr bool ODD_D = true;
+};
+
+// Elements 8c .. 8c + 7 of a row as one 16-byte chunk: zero past d, and everywhere if !valid.
+__device__ __forceinline__ Chunk16 load_chunk_elementwise(const elem_t* row, int c, int d,
+                                                          bool valid) {
+    unsigned w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int col = 8 * c + 2 * k;
+        const unsigned lo = valid && col < d ? row[col] : 0u;
+        const unsigned hi = valid && col + 1 < d ? row[col + 1] : 0u;
+        w[k] = lo | (hi << 16);
+    }
+    return Chunk16{w[0], w[1], w[2], w[3]};
+}
+// Store the elements of chunk c that are < d.
+__device__ __forceinline__ void store_chunk_elementwise(elem_t* row, int c, int d,
+                                                        const Chunk16& v) {
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int col = 8 * c + 2 * k;
+        if (col < d) row[col] = static_cast<elem_t>(w[k] & 0xffffu);
+        if (col + 1 < d) row[col + 1] = static_cast<elem_t>(w[k] >> 16);
+    }
+}
+// Store a pair of packed elements at columns col, col + 1 (those < d).
+__device__ __forceinline__ void store_pair_elementwise(elem_t* at, int col, int d, unsigned v) {
+    if (col < d) at[0] = static_cast<elem_t>(v & 0xffffu);
+    if (col + 1 < d) at[1] = static_cast<elem_t>(v >> 16);
+}
+
+// load_tile_async's job for OddD tiles: rows >= rows_valid and columns >= d zero-filled.
+template <int ROWS, int COLS, int NTHREADS>
+__device__ __forceinline__ void load_tile_elementwise(elem_t* smem, const elem_t* src,
+                                                      long long row_stride, int rows_valid,
+                                                      int d, int tid) {
+    constexpr int NC = COLS / 8;
+    const unsigned base = smem_u32(smem);
+    // (one chunk at a time, not unrolled: the kernels call this where their accumulators hold
+    // the registers, and the unrolled loads spilled)
+#pragma unroll 1
+    for (int i = tid; i < ROWS * NC; i += NTHREADS) {
+        const int r = i / NC, c = i % NC;
+        const bool valid = r < rows_valid;
+        const Chunk16 v = load_chunk_elementwise(valid ? src + r * row_stride : src, c, d, valid);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
+                     :: "r"(base + 2u * tile_offset<COLS>(r, c)), "r"(v.x), "r"(v.y), "r"(v.z),
+                        "r"(v.w) : "memory");
+    }
+}
+
+// A kernel's tile loader: load_tile_async (chunks = d / 8 of 16 bytes per row), or for OddD
+// tiles load_tile_elementwise (d elements per row).
+template <class Tile, int ROWS, int COLS, int NTHREADS, bool SEGMENTED = true>
+__device__ __forceinline__ void load_tile(elem_t* smem, const elem_t* src, long long row_stride,
+                                          int rows_valid, int chunks, int d, int tid) {
+    if constexpr (Tile::ODD_D)
+        load_tile_elementwise<ROWS, COLS, NTHREADS>(smem, src, row_stride, rows_valid, d, tid);
+    else
+        load_tile_async<ROWS, COLS, NTHREADS, SEGMENTED>(smem, src, row_stride, rows_valid,
+                                                         chunks, tid);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Math
 // ---------------------------------------------------------------------------------------------
 

@@ -79,7 +79,7 @@ namespace cuflash {
 // ---------------------------------------------------------------------------------------------
 // D = rowsum(dO ∘ O)
 // ---------------------------------------------------------------------------------------------
-// G = p.lanes lanes (a power of two >= d / 8) share one query row, each taking 8 elements;
+// G = p.lanes lanes (a power of two >= ceil(d / 8)) share one query row, each taking 8 elements;
 // grid (ceil(seqlen_q / (128 / G)), heads, batch). D is (batch, heads, seqlen_q), contiguous.
 template <typename T>
 __global__ void __launch_bounds__(128)
@@ -89,13 +89,18 @@ fa2_backward_preprocess(const BwdParams p) {
     const SeqInfo seq = seq_info(p, batch);
     const int row = blockIdx.x * (128 / G) + threadIdx.x / G, c = threadIdx.x % G;
     float acc = 0.f;
-    if (row < seqlen_q && c < p.d / 8) {
-        const Chunk16 o = *reinterpret_cast<const Chunk16*>(
-            p.o + seq.q_offset(p.o_stride_b, p.o_stride_s) + row * p.o_stride_s +
-            head * p.o_stride_h + c * 8);
-        const Chunk16 g = *reinterpret_cast<const Chunk16*>(
-            p.dout + seq.q_offset(p.do_stride_b, p.do_stride_s) + row * p.do_stride_s +
-            head * p.do_stride_h + c * 8);
+    const int d = p.d;
+    if (row < seqlen_q && c * 8 < d) {
+        const elem_t* o_row =
+            p.o + seq.q_offset(p.o_stride_b, p.o_stride_s) + row * p.o_stride_s + head * p.o_stride_h;
+        const elem_t* do_row = p.dout + seq.q_offset(p.do_stride_b, p.do_stride_s) +
+                               row * p.do_stride_s + head * p.do_stride_h;
+        // (d % 8 != 0: rows 2-byte aligned, element by element, zeros past d)
+        const bool whole = d % 8 == 0;
+        const Chunk16 o = whole ? *reinterpret_cast<const Chunk16*>(o_row + c * 8)
+                                : load_chunk_elementwise(o_row, c, d, true);
+        const Chunk16 g = whole ? *reinterpret_cast<const Chunk16*>(do_row + c * 8)
+                                : load_chunk_elementwise(do_row, c, d, true);
         const elem_t* oe = reinterpret_cast<const elem_t*>(&o);
         const elem_t* ge = reinterpret_cast<const elem_t*>(&g);
 #pragma unroll
@@ -161,6 +166,9 @@ struct BackwardTile {
     //   rebuilt from an opaque copy of the lane index (a few integer ops per phase), so that
     //   only the two a phase uses are live.
     static constexpr bool REBUILD = HD > 128;
+    // Head dims that are not a multiple of 8: element-wise loads and stores (OddD<Tile>,
+    // common.cuh).
+    static constexpr bool ODD_D = false;
     // OPAQUE_ROWS: d 64 in layout 4/4/4 runs at 255 registers: there the row-block indices
     //   (loader, buffer parity, mask test) and the range of row blocks come from opaque copies;
     //   otherwise ptxas derives them from values it then holds through the loop, and spills
@@ -313,17 +321,17 @@ fa2_backward(const BwdParams p) {
         const long long b = OPQ ? opaque(batch) : batch;
         const long long h = OPQ ? opaque(head) : head;
         if (parts & ROW_QLD)
-            load_tile_async<B_r, PITCH, NTHREADS>(
+            load_tile<Tile, B_r, PITCH, NTHREADS>(
                 sQ + buf * B_r * PITCH,
                 Q + seq_info(p, b).q_offset(q_stride_b, q_stride_s) + h * q_stride_h +
                     row0 * q_stride_s,
-                q_stride_s, seqlen_q - row0, chunks, t);
+                q_stride_s, seqlen_q - row0, chunks, d, t);
         if (parts & ROW_DO)
-            load_tile_async<B_r, PITCH, NTHREADS>(
+            load_tile<Tile, B_r, PITCH, NTHREADS>(
                 sdO + buf * B_r * PITCH,
                 dO + seq_info(p, b).q_offset(do_stride_b, do_stride_s) + h * do_stride_h +
                     row0 * do_stride_s, do_stride_s,
-                seqlen_q - row0, chunks, t);
+                seqlen_q - row0, chunks, d, t);
         if ((parts & ROW_QLD) && t < B_r) {
             const bool valid = row0 + t < seqlen_q;
             const long long at = seq_info(p, b).row_vector(h, nheads) + (valid ? row0 + t : 0);
@@ -429,14 +437,14 @@ fa2_backward(const BwdParams p) {
         if (rb().begin < rb().end) {
             // K_j, V_j and the first row block in one cp.async group.
             const long long b = opaque(batch), hk = opaque(grid_head) / head_parts;
-            load_tile_async<B_c, PITCH, NTHREADS>(
+            load_tile<Tile, B_c, PITCH, NTHREADS>(
                 sK, K + seq_info(p, b).k_offset(k_stride_b, k_stride_s) + hk * k_stride_h +
                         col0 * k_stride_s, k_stride_s,
-                seqlen_k - col0, chunks, opaque(tid));
-            load_tile_async<B_c, PITCH, NTHREADS>(
+                seqlen_k - col0, chunks, d, opaque(tid));
+            load_tile<Tile, B_c, PITCH, NTHREADS>(
                 sV, V + seq_info(p, b).k_offset(v_stride_b, v_stride_s) + hk * v_stride_h +
                         col0 * v_stride_s, v_stride_s,
-                seqlen_k - col0, chunks, opaque(tid));
+                seqlen_k - col0, chunks, d, opaque(tid));
             load_row_block(rb().begin, 0, ROW_ALL);
             cp_async_commit();
         }
@@ -741,8 +749,22 @@ fa2_backward(const BwdParams p) {
                         (long long)(opaque(grid_head) % head_parts) * nbatch * dk_stride_b;
                     float* fk = static_cast<float*>(dK) + slice + base + nt * 8;
                     float* fv = static_cast<float*>(dV) + slice + base + nt * 8;
-                    fk[0] = k0; fk[1] = k1;
-                    fv[0] = v0; fv[1] = v1;
+                    // (OddD: the pair's columns may be past d, in the next row)
+                    const int col = kv_n_e * Tile::KV_NW + nt * 8 + (l_e % 4) * 2;
+                    if (!Tile::ODD_D || col < d) {
+                        fk[0] = k0;
+                        fv[0] = v0;
+                    }
+                    if (!Tile::ODD_D || col + 1 < d) {
+                        fk[1] = k1;
+                        fv[1] = v1;
+                    }
+                } else if constexpr (Tile::ODD_D) {  // (2-byte aligned: element by element)
+                    const int col = kv_n_e * Tile::KV_NW + nt * 8 + (l_e % 4) * 2;
+                    store_pair_elementwise(static_cast<elem_t*>(dK) + base + nt * 8, col, d,
+                                           T::pack(k0, k1));
+                    store_pair_elementwise(static_cast<elem_t*>(dV) + base + nt * 8, col, d,
+                                           T::pack(v0, v1));
                 } else {
                     *reinterpret_cast<unsigned*>(static_cast<elem_t*>(dK) + base + nt * 8) =
                         T::pack(k0, k1);
@@ -758,7 +780,7 @@ fa2_backward(const BwdParams p) {
 // ---------------------------------------------------------------------------------------------
 // dQ = softmax_scale * sum over slices of dQ_accum, in the input dtype
 // ---------------------------------------------------------------------------------------------
-// One thread per 8 elements of a row; grid (ceil(seqlen_q * d / 8 / 128), heads, batch).
+// One thread per 8 elements of a row; grid (ceil(seqlen_q * ceil(d / 8) / 128), heads, batch).
 // dQ_accum: (splits, batch, heads, seqlen_q, hd) with hd = p.dq_accum_cols, the main kernel's
 // head-dim bucket.
 // dQ: (batch, seqlen_q, heads, d) with strides (last dim contiguous).
@@ -768,7 +790,7 @@ fa2_backward_dq(const BwdParams p) {
     const int splits = p.splits, seqlen_q = p.seqlen_q, d = p.d, hd = p.dq_accum_cols;
     const float softmax_scale = p.softmax_scale;
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y, nbatch = gridDim.z;
-    const int chunks = d / 8;
+    const int chunks = (d + 7) / 8;  // (the last one partial where d % 8 != 0)
     const long long idx = (long long)blockIdx.x * 128 + threadIdx.x;
     if (idx >= (long long)seqlen_q * chunks) return;
     const int row = idx / chunks, c = idx % chunks;
@@ -787,8 +809,12 @@ fa2_backward_dq(const BwdParams p) {
 #pragma unroll
     for (int e = 0; e < 4; ++e)
         packed[e] = T::pack(acc[2 * e] * softmax_scale, acc[2 * e + 1] * softmax_scale);
-    *reinterpret_cast<Chunk16*>(p.dq + seq_info(p, batch).q_offset(p.dq_stride_b, p.dq_stride_s) +
-                                row * p.dq_stride_s + head * p.dq_stride_h + c * 8) = out;
+    elem_t* dq_row = p.dq + seq_info(p, batch).q_offset(p.dq_stride_b, p.dq_stride_s) +
+                     row * p.dq_stride_s + head * p.dq_stride_h;
+    if (d % 8 == 0)
+        *reinterpret_cast<Chunk16*>(dq_row + c * 8) = out;
+    else  // (2-byte aligned rows)
+        store_chunk_elementwise(dq_row, c, d, out);
 }
 
 // The same, for dQ_accum in fragment order (fa2_backward with DQ_BULK; the tile parameters
@@ -831,10 +857,14 @@ fa2_backward_dq_bulk(const BwdParams p) {
     elem_t* out = p.dq + seq_info(p, batch).q_offset(p.dq_stride_b, p.dq_stride_s) +
                   head * p.dq_stride_h + col;
 #pragma unroll
-    for (int e2 = 0; e2 < 2; ++e2)  // rows g and g + 8
-        if (row + 8 * e2 < seqlen_q)
-            *reinterpret_cast<unsigned*>(out + (row + 8 * e2) * p.dq_stride_s) =
-                T::pack(acc[2 * e2] * softmax_scale, acc[2 * e2 + 1] * softmax_scale);
+    for (int e2 = 0; e2 < 2; ++e2) {  // rows g and g + 8
+        if (row + 8 * e2 >= seqlen_q) continue;
+        const unsigned v = T::pack(acc[2 * e2] * softmax_scale, acc[2 * e2 + 1] * softmax_scale);
+        if constexpr (Tile::ODD_D)  // (2-byte aligned rows; the pair may end past d)
+            store_pair_elementwise(out + (row + 8 * e2) * p.dq_stride_s, col, d, v);
+        else
+            *reinterpret_cast<unsigned*>(out + (row + 8 * e2) * p.dq_stride_s) = v;
+    }
 }
 
 }  // namespace cuflash

@@ -78,6 +78,9 @@ struct ForwardTile {
     // they are used, from opaque copies of the lane index, batch and head, instead of being
     // held in registers through the loop beside O~_i and S_ij.
     static constexpr bool REBUILD = MT > 1;
+    // Head dims that are not a multiple of 8: element-wise loads and stores (OddD<Tile>,
+    // common.cuh).
+    static constexpr bool ODD_D = false;
     // (cuflash/_plan.py's ForwardConfig mirrors LEAN and REBUILD; the compile check asserts
     // they agree.)
     static constexpr int RESCALE_LOG2 = 8;
@@ -181,9 +184,9 @@ fa2_forward(const FwdParams p) {
         const long long hk = Tile::REBUILD ? opaque(head_k) : head_k;
         // (32 rows per warp: the flat-index loader, which holds fewer registers; at d = 96
         // the segmented one spilled)
-        load_tile_async<B_c, HD, NTHREADS, MT == 1>(
+        load_tile<Tile, B_c, HD, NTHREADS, MT == 1>(
             dst, base + s.k_offset(stride_b, stride_s) + hk * stride_h + col0 * stride_s,
-            stride_s, seqlen_k - col0, chunks, Tile::REBUILD ? opaque(tid) : tid);
+            stride_s, seqlen_k - col0, chunks, d, Tile::REBUILD ? opaque(tid) : tid);
     };
     auto load_k = [&](elem_t* dst, int col0) {
         load_kv(dst, K, k_stride_b, k_stride_h, k_stride_s, col0);
@@ -210,7 +213,7 @@ fa2_forward(const FwdParams p) {
     // Q_i: HBM -> shared, with K_{begin} in the same cp.async group.
     // With two K/V stages, V_{begin} joins them (step j only waits for what step j - 1 issued),
     // except on SPLIT_V0 tiles, where it is a group of its own.
-    load_tile_async<B_r, HD, NTHREADS, MT == 1>(sQ, q, q_stride_s, seqlen_q - row0, chunks,
+    load_tile<Tile, B_r, HD, NTHREADS, MT == 1>(sQ, q, q_stride_s, seqlen_q - row0, chunks, d,
                                                 tid);
     // Column block j uses K/V buffer j % KV_STAGES.
     if (cb.begin < cb.end) {
@@ -389,9 +392,14 @@ fa2_forward(const FwdParams p) {
 #pragma unroll
     for (int i = lane; i < RPW * NC; i += 32) {
         const int r = warp * RPW + i / NC, c = i % NC;
-        if (row0 + r < seqlen_q && c < chunks)
+        if constexpr (Tile::ODD_D) {  // (the elements < d of chunks that start before d)
+            if (row0 + r < seqlen_q && c * 8 < d)
+                store_chunk_elementwise(out + (row0 + r) * o_stride_s, c, d,
+                                        *reinterpret_cast<const Chunk16*>(sQ + tile_offset<HD>(r, c)));
+        } else if (row0 + r < seqlen_q && c < chunks) {
             *reinterpret_cast<Chunk16*>(out + (row0 + r) * o_stride_s + c * 8) =
                 *reinterpret_cast<const Chunk16*>(sQ + tile_offset<HD>(r, c));
+        }
     }
 }
 

@@ -186,6 +186,25 @@ def test_backward_softcap_and_alibi(softcap, alibi, causal, deterministic):
                         alibi_slopes=slopes)
 
 
+@pytest.mark.parametrize("d", [1, 3, 59, 111, 255])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_any_head_dim(d, causal):
+    """Head dims that are not a multiple of 8 (the OddD kernels): odd lengths, GQA (its float32
+    dK, dV slices where one part per kv head leaves SMs idle), both dtypes, 2-byte aligned
+    rows (transposed views), the deterministic mode."""
+    q, k, v, dout = make_inputs(1, 131, 257, 4, 2, d, DTYPES["bf16"])
+    check_gradients(q, k, v, dout, causal)
+    q, k, v, dout = make_inputs(2, 200, 77, 4, 1, d, DTYPES["fp16"], strided=True)
+    check_gradients(q, k, v, dout, causal, deterministic=True)
+
+
+def test_backward_odd_head_dim_with_every_feature():
+    """d = 59 with a window, softcap and ALiBi."""
+    q, k, v, dout = make_inputs(2, 259, 131, 4, 2, 59, DTYPES["bf16"], scale_q=3.0)
+    slopes = cp.asarray(np.random.default_rng(4).uniform(0.01, 0.5, (2, 4)).astype(np.float32))
+    check_gradients(q, k, v, dout, True, window_size=(40, 0), softcap=10.0, alibi_slopes=slopes)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("features", [{}, {"window_size": (64, 0), "softcap": 20.0,
                                            "alibi": True}], ids=["plain", "window-softcap-alibi"])

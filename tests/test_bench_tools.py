@@ -100,7 +100,8 @@ def test_config_from_shape_reads_the_bench_notation():
     assert three == _plan.Sm90ForwardConfig(64, 128, 4, pingpong=True, lazy=True, poly=3,
                                             consumers=3)
     assert (three.B_r, three.threads) == (192, 512)
-    assert three.smem_bytes == 1024 + 2 * 192 * 64 + 2 * 4 * 2 * 128 * 64 + 8 * (2 + 4 * 4)
+    assert three.smem_bytes == 1024 + 2 * 192 * 64 + 2 * 4 * 2 * 128 * 64 + 8 * (2 + 4 * 4) \
+        + 4 * (16 + 2 * 8)  # (the mbarriers, then the packed batches' tile ring)
     assert three.tile_type.endswith(", true, true, 3, 3>")
     for bad in ("h128x3q", "h128x3pc4"):
         with pytest.raises(ValueError, match="hBcxStages"):

@@ -261,6 +261,30 @@ def test_forward_varlen(lens, causal, d, family):
         run_varlen_and_check(*lens, h, hk, d, DTYPES[dt], causal)
 
 
+@pytest.mark.parametrize("d", [1, 3, 59, 111, 255])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_any_head_dim(d, causal, family):
+    """Head dims that are not a multiple of 8 (the OddD kernels: element-wise loads and
+    stores, zero-padded on chip; on Hopper the portable kernels): odd lengths, GQA, both
+    dtypes, rows 2-byte aligned (a transposed view, and a view one element into its rows)."""
+    q, k, v = make_qkv((2, 131, 4, d), (2, 257, 2, d), DTYPES["bf16"], False)
+    run_and_check(q, k, v, causal)
+    q, k, v = make_qkv((2, 131, 4, d), (2, 257, 2, d), DTYPES["fp16"], True)
+    run_and_check(q, k, v, causal)
+    wide = [rand(cp, (1, n, h, d + 3), DTYPES["bf16"]) for n, h in ((77, 4), (300, 4), (300, 4))]
+    run_and_check(*(x[..., 1:d + 1] for x in wide), causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_odd_head_dim_with_every_feature(causal, family):
+    """d = 59 with a window, softcap and ALiBi, and over a packed batch (d = 111)."""
+    q, k, v = make_qkv((2, 200, 4, 59), (2, 333, 2, 59), DTYPES["bf16"], False)
+    slopes = cp.asarray(np.random.default_rng(2).uniform(0.01, 0.3, (2, 4)).astype(np.float32))
+    run_and_check(q, k, v, causal, window_size=(50, 0 if causal else 20), softcap=15.0,
+                  alibi_slopes=slopes)
+    run_varlen_and_check([200, 0, 77], [150, 9, 300], 4, 2, 111, DTYPES["fp16"], causal)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_varlen_many_tiles(causal, family):
     """More tiles than SMs, so that the Hopper kernel's blocks draw tiles from its scheduler

@@ -427,8 +427,9 @@ def _packed_qkv(lens_q, lens_k, h=4, hk=2, d=64):
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_varlen_packs_the_entries(fake, monkeypatch, family, causal):
     """The packed batch's launch: the grid over the longest entry's row blocks and the
-    entries (portable; Hopper: a block per SM at most), seqlen_q / seqlen_k the longest lengths, the cu_seqlens copies' addresses, total_q,
-    q and out as (1, total, heads, d) with their own strides, L as (heads, total_q)."""
+    entries (portable; Hopper: a block per SM at most), seqlen_q / seqlen_k the longest
+    lengths, the cu_seqlens copies' addresses, total_q, q and out as (1, total, heads, d) with
+    their own strides, L as (heads, total_q)."""
     monkeypatch.setattr(_tma, "_encode", lambda addr, *a: 0)
     lens_q, lens_k = [5, 0, 300, 77], [9, 4, 250, 500]
     q, k, v, cu_q, cu_k = _packed_qkv(lens_q, lens_k)
@@ -545,3 +546,29 @@ def test_backward_varlen_refuses_a_dense_lse(fake):
         _api.backward_varlen(q, q, k, v, q, FakeArray(np.zeros((1, 4, 11), np.float32)), cu_q,
                              cu_k)
     assert not fake
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_odd_head_dim_takes_the_odd_d_kernels(fake, causal):
+    """d = 59: the portable OddD kernels, also on Hopper (TMA moves 16-byte rows), with the
+    window's sides past every key (causal: right = 0) and the hook off; inputs and outputs
+    as they are, no aligned copies."""
+    q, k, v = _qkv(2, 100, 300, 4, 2, 59)
+    out, _ = _api.forward(q, k, v, causal=causal)
+    ((name, _, _, _, p),) = fake
+    cfg = _plan.forward_config(64, causal, 227 * 1024, None, odd_d=True)
+    assert name == _plan.forward_kernel_name("float16", cfg, causal, True, True)
+    assert name.startswith("cuflash::fa2_forward<cuflash::fp16, cuflash::OddD<")
+    assert (p["window_left"], p["window_right"]) == (400, 0 if causal else 400)
+    assert (p["d"], p["softcap_in"], p["alibi_slopes"], p["q"]) == (59, 0.0, 0, q.data.ptr)
+    fake.clear()
+    dout = FakeArray(np.ones(q.shape, np.float16))
+    lse = FakeArray(np.zeros((2, 4, 100), np.float32))
+    _api.backward(dout, q, k, v, out, lse, causal=causal)
+    _, main, _ = fake
+    bcfg = _plan.backward_config(64, 227 * 1024, True, odd_d=True)
+    assert main[0] == _plan.backward_kernel_name("float16", bcfg, causal, local=True,
+                                                 hooked=True)
+    assert (main[4]["d"], main[4]["window_left"], main[4]["dout"]) == (59, 400, dout.data.ptr)
+    with pytest.raises(ValueError, match="algorithm='fa1' needs a head dim that is a multiple"):
+        _api.forward(q, k, v, algorithm="fa1")

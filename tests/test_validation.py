@@ -39,10 +39,38 @@ def test_dtype_mismatch():
         _api._check_shapes(q, k.astype(BF16), v)
 
 
-@pytest.mark.parametrize("d", [4, 12, 100, 264, 512])
+@pytest.mark.parametrize("d", [0, 257, 264, 512])
 def test_unsupported_head_dim(d):
     with pytest.raises(ValueError, match=f"head dim {d} is not supported"):
         _api._check_shapes(*qkv(d=d))
+
+
+@pytest.mark.parametrize("d", [1, 3, 4, 12, 59, 100, 111, 255, 256])
+def test_any_head_dim_from_1_to_256(d):
+    """FlashAttention-2 takes any head dim up to 256: those that are not a multiple of 8 go to
+    the OddD kernels (element-wise loads, the window and the hook always on), in the bucket
+    above them."""
+    _api._check_shapes(*qkv(d=d))
+    HD = _plan.head_dim_bucket(d)
+    assert d <= HD and HD - d < 32
+    for causal in (False, True):
+        cfg = _plan.forward_config(HD, causal, 227 * 1024, 4096, odd_d=d % 8 != 0)
+        assert cfg.odd_d == (d % 8 != 0) and cfg.tile_type.startswith("cuflash::OddD<") == \
+            cfg.odd_d
+        name = _plan.forward_kernel_name("bfloat16", cfg, causal, True, True)
+        assert name in {n for _, n in _plan.all_specialisations("80")}
+    bcfg = _plan.backward_config(HD, 227 * 1024, True, odd_d=True)
+    assert bcfg.odd_d and _plan.backward_kernel_name("bfloat16", bcfg, True, local=True,
+                                                     hooked=True) in \
+        {n for _, n in _plan.all_specialisations("90")}
+
+
+def test_odd_head_dim_turns_on_the_window_and_the_hook():
+    """The OddD kernels have the window and the hook always: a call without them gets sides
+    past every key (causal: right = 0) and the hook's defaults."""
+    assert _api._odd_d_features(False, False, 0, 0, False, 100, 300) == (True, 400, 400, True)
+    assert _api._odd_d_features(True, False, 0, 0, False, 100, 300) == (True, 400, 0, True)
+    assert _api._odd_d_features(True, True, 16, 0, False, 100, 300) == (True, 16, 0, True)
 
 
 def test_shape_mismatches():
