@@ -403,22 +403,33 @@ __device__ __forceinline__ void store_pair_elementwise(elem_t* at, int col, int 
 }
 
 // load_tile_async's job for OddD tiles: rows >= rows_valid and columns >= d zero-filled.
-template <int ROWS, int COLS, int NTHREADS>
+// U chunks per thread at a time: their 8 U loads issued before any is stored, so that U
+// chunks' latencies overlap (one at a time, the forward ran 5-9x slower than at the multiple
+// of 8 above; the whole tile at once spilled). The loop over those groups is not unrolled:
+// the kernels call this where their accumulators hold the registers.
+template <int ROWS, int COLS, int NTHREADS, int U = 4>
 __device__ __forceinline__ void load_tile_elementwise(elem_t* smem, const elem_t* src,
                                                       long long row_stride, int rows_valid,
                                                       int d, int tid) {
-    constexpr int NC = COLS / 8;
+    constexpr int NC = COLS / 8, TOTAL = ROWS * NC;
     const unsigned base = smem_u32(smem);
-    // (one chunk at a time, not unrolled: the kernels call this where their accumulators hold
-    // the registers, and the unrolled loads spilled)
 #pragma unroll 1
-    for (int i = tid; i < ROWS * NC; i += NTHREADS) {
-        const int r = i / NC, c = i % NC;
-        const bool valid = r < rows_valid;
-        const Chunk16 v = load_chunk_elementwise(valid ? src + r * row_stride : src, c, d, valid);
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
-                     :: "r"(base + 2u * tile_offset<COLS>(r, c)), "r"(v.x), "r"(v.y), "r"(v.z),
-                        "r"(v.w) : "memory");
+    for (int i0 = tid; i0 < TOTAL; i0 += U * NTHREADS) {
+        Chunk16 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {  // the loads
+            const int i = i0 + u * NTHREADS, r = i / NC, c = i % NC;
+            const bool valid = i < TOTAL && r < rows_valid;
+            v[u] = load_chunk_elementwise(valid ? src + r * row_stride : src, c, d, valid);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {  // then the stores
+            const int i = i0 + u * NTHREADS, r = i / NC, c = i % NC;
+            if (TOTAL % (U * NTHREADS) != 0 && i >= TOTAL) break;
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
+                         :: "r"(base + 2u * tile_offset<COLS>(r, c)), "r"(v[u].x), "r"(v[u].y),
+                            "r"(v[u].z), "r"(v[u].w) : "memory");
+        }
     }
 }
 
