@@ -309,6 +309,13 @@ def write_results(path: str, meta: dict, rows: list) -> None:
     Path(path).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 
+def script_results(path: str, cp, rows: list, **meta) -> None:
+    """write_results for the feature benches (window_bench.py and the others): the GPU's name
+    and the command line that ran, then `meta`."""
+    write_results(path, {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+                         "command": " ".join(["python"] + sys.argv), **meta}, rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")

@@ -59,9 +59,7 @@ def main(argv=None) -> int:
             print(f"{which} d {d:3} {'OddD' if d % 8 else '    '} {ms:8.3f} ms "
                   f"{row['tflops']:6.1f} TFLOP/s", flush=True)
     if args.json:
-        meta = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-                "command": "python bench/head_dim_bench.py " + " ".join(sys.argv[1:])}
-        bench.write_results(args.json, meta, rows)
+        bench.script_results(args.json, cp, rows)
     return 0
 
 

@@ -76,9 +76,7 @@ def main(argv=None) -> int:
                         print(f"{which} d {d:>3} n {n:>5} {'causal' if causal else 'plain ':6} "
                               f"{name:8} {ms:8.3f} ms  {ms / plain_ms:.3f}x plain", flush=True)
     if args.json:
-        meta = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-                "command": "python bench/score_hook_bench.py " + " ".join(sys.argv[1:])}
-        bench.write_results(args.json, meta, rows)
+        bench.script_results(args.json, cp, rows)
     return 0
 
 

@@ -17,7 +17,6 @@ same work as varlen, without the packing.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench  # noqa: E402  (median_ms)
+import bench  # noqa: E402  (median_ms, no_gpu, script_results)
 
 
 def draw_lengths(tokens: int, lo: int = 64, hi: int = 8192, seed: int = 0) -> list[int]:
@@ -57,9 +56,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
-    from cuflash._api import gpu_missing
-    if gpu_missing():
-        print(f"varlen_bench: {gpu_missing()}. Nothing was run.", file=sys.stderr)
+    if bench.no_gpu("varlen_bench"):
         return 2
     import cupy as cp
     import ml_dtypes
@@ -118,10 +115,7 @@ def main(argv=None) -> int:
                   f"{row['tokens_per_s'] / 1e6:7.2f} M tokens/s  {row['tflops_real']:6.1f} "
                   f"TFLOP/s real work ({row['tflops_own']:6.1f} its own)", flush=True)
     if args.json:
-        meta = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-                "lengths": lengths,
-                "command": "python bench/varlen_bench.py " + " ".join(sys.argv[1:])}
-        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        bench.script_results(args.json, cp, rows, lengths=lengths)
     return 0
 
 

@@ -125,9 +125,7 @@ def main(argv=None) -> int:
                       + (f"  FlexAttention {flex_ms:.3f} ms ({flex_ms / ms:.2f}x cuflash's "
                          "time)" if flex_ms else ""), flush=True)
         if args.json:  # after every length, so an interrupted run keeps what it measured
-            meta = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-                    "command": "python bench/window_bench.py " + " ".join(sys.argv[1:])}
-            bench.write_results(args.json, meta, rows)
+            bench.script_results(args.json, cp, rows)
     return 0
 
 
