@@ -1,6 +1,7 @@
 """Variable-length batches: cuflash.forward_varlen on a realistic mix of lengths against the
 same sequences padded to the longest (cuflash's dense kernel, and cuDNN / FlashAttention-2
-through torch SDPA where torch is installed), in one run with kernel timing (bench.py's
+through torch SDPA where torch is installed), forward and backward (backward_varlen against
+the padded dense backward), in one run with kernel timing (bench.py's
 median_ms: CUDA events around calls issued back to back, L2 flushed before each).
 
     python bench/varlen_bench.py                     # d 128, 16 heads, bf16, 64k tokens
@@ -52,6 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     ap.add_argument("--providers", default="torch-flash,torch-cudnn",
                     help="torch's padded runs, besides cuflash's varlen and padded ones")
+    ap.add_argument("--passes", default="fwd,bwd",
+                    help="fwd, bwd or both (the backward against the padded dense backward)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
@@ -75,17 +78,29 @@ def main(argv=None) -> int:
     pq, pk, pv = (cp.random.standard_normal((len(lengths), longest, h, d),
                                             dtype=cp.float32).astype(dt) for _ in range(3))
     rows = []
-    for causal in (False, True):
-        real = attention_flops(lengths, h, d, causal)
-        padded = attention_flops([longest] * len(lengths), h, d, causal)
-        runs = {
-            "cuflash-varlen": lambda causal=causal: cuflash.forward_varlen(
-                q, k, v, cu_dev, cu_dev, longest, longest, causal),
-            "cuflash-padded": lambda causal=causal: cuflash.forward(pq, pk, pv, causal),
-        }
+    passes = args.passes.split(",")
+    for which, causal in ((w, c) for w in passes for c in (False, True)):
+        mult = 2.5 if which == "bwd" else 1.0  # (the backward's five matmuls to the forward's two)
+        real = mult * attention_flops(lengths, h, d, causal)
+        padded = mult * attention_flops([longest] * len(lengths), h, d, causal)
+        if which == "fwd":
+            runs = {
+                "cuflash-varlen": lambda causal=causal: cuflash.forward_varlen(
+                    q, k, v, cu_dev, cu_dev, longest, longest, causal),
+                "cuflash-padded": lambda causal=causal: cuflash.forward(pq, pk, pv, causal),
+            }
+        else:
+            out, lse = cuflash.forward_varlen(q, k, v, cu_dev, cu_dev, longest, longest, causal)
+            pout, plse = cuflash.forward(pq, pk, pv, causal)
+            runs = {
+                "cuflash-varlen": lambda causal=causal, out=out, lse=lse: cuflash.backward_varlen(
+                    q, q, k, v, out, lse, cu_dev, cu_dev, longest, longest, causal),
+                "cuflash-padded": lambda causal=causal, pout=pout, plse=plse: cuflash.backward(
+                    pq, pq, pk, pv, pout, plse, causal),
+            }
         for provider in args.providers.split(","):
             if provider.startswith("torch-"):
-                point = bench.Point(cp, args.dtype, len(lengths), h, longest, d, causal, "fwd")
+                point = bench.Point(cp, args.dtype, len(lengths), h, longest, d, causal, which)
                 try:
                     runs.update({f"{provider}-padded": fn for fn in
                                  point.callables(provider).values()})
@@ -100,18 +115,26 @@ def main(argv=None) -> int:
         each = 0.0
         for n in lengths:
             one = [x[:n][None] for x in (q, k, v)]
-            cuflash.forward(*one, causal)
-            each += bench.median_ms(cp, lambda one=one, c=causal: cuflash.forward(*one, c), 2,
-                                    max(3, args.reps // 4))
+            if which == "fwd":
+                def call(one=one, c=causal):
+                    return cuflash.forward(*one, c)
+            else:
+                o, lo = cuflash.forward(*one, causal)
+
+                def call(one=one, c=causal, o=o, lo=lo):
+                    return cuflash.backward(one[0], *one, o, lo, c)
+            call()
+            each += bench.median_ms(cp, call, 2, max(3, args.reps // 4))
         timed["cuflash-dense-each"] = each
         for name, ms in timed.items():
             flops = padded if name.endswith("-padded") else real
-            row = dict(provider=name, causal=causal, ms=ms, tokens_per_s=total / ms * 1e3,
+            row = dict(pass_=which, provider=name, causal=causal, ms=ms,
+                       tokens_per_s=total / ms * 1e3,
                        tflops_real=real / ms * 1e-9, tflops_own=flops / ms * 1e-9,
                        sequences=len(lengths), tokens=total, longest=longest, headdim=d,
                        heads=h, dtype=args.dtype)
             rows.append(row)
-            print(f"{'causal' if causal else 'plain '} {name:22} {ms:8.3f} ms  "
+            print(f"{which} {'causal' if causal else 'plain '} {name:22} {ms:8.3f} ms  "
                   f"{row['tokens_per_s'] / 1e6:7.2f} M tokens/s  {row['tflops_real']:6.1f} "
                   f"TFLOP/s real work ({row['tflops_own']:6.1f} its own)", flush=True)
     if args.json:
