@@ -31,9 +31,10 @@
 //
 // Variants (template parameters; cuflash/_plan.py picks them):
 //   T       fp16 | bf16                      element type of Q, K, V, O
-//   HD       32, 64, ..., 256                 head-dim bucket; the real d (multiple of 8, <= HD)
-//                                            is zero-padded inside shared memory
-//   Tile = ForwardTile<HD, B_r, B_c, NWARPS, KV_STAGES>: tile shape and K/V buffers
+//   HD       32, 64, ..., 256                 head-dim bucket; the real d (<= HD) is zero-padded
+//                                            inside shared memory
+//   Tile = ForwardTile<HD, B_r, B_c, NWARPS, KV_STAGES>: tile shape and K/V buffers; wrapped in
+//          OddD<...> (common.cuh) where d is not a multiple of 8: element-wise loads and stores
 //   MaskT = Mask<CAUSAL, LOCAL>              which keys each row sees (mask.cuh); causal blocks
 //                                            fully above the diagonal are skipped
 //   ScoreT = ScoreScale | ScoreHook          the score hook (score.cuh): softcap and ALiBi
