@@ -112,6 +112,29 @@ def packed_seq_info(batch: int, cu_seqlens_q, cu_seqlens_k, total_q: int) -> Seq
                    q0, k0, total_q)
 
 
+class PackedUnits:
+    """Mirrors kernels/seqinfo.cuh's PackedUnits: a packed batch's row blocks of B_r rows
+    numbered without gaps, entry by entry, an entry's heads one after the other, a head's row
+    blocks in order (the Hopper forward's tile scheduler hands these numbers out in
+    increasing order). The walk only moves on: find(u) must see increasing u."""
+
+    def __init__(self, cu_seqlens_q, nheads: int, B_r: int):
+        self.cu, self.nheads, self.B_r = [int(x) for x in cu_seqlens_q], nheads, B_r
+        self.entry = self.first = self.T_r = 0
+
+    def find(self, u: int):
+        """(entry, head, row block) of unit u, or None past the last unit."""
+        while self.entry < len(self.cu) - 1:
+            n = self.cu[self.entry + 1] - self.cu[self.entry]
+            self.T_r = (n + self.B_r - 1) // self.B_r
+            if u < self.first + self.T_r * self.nheads:
+                return (self.entry, (u - self.first) // self.T_r, (u - self.first) % self.T_r)
+            self.first += self.T_r * self.nheads
+            self.entry += 1
+        self.T_r = 0
+        return None
+
+
 @dataclass(frozen=True)
 class Mask:
     """Which keys each query row sees (mirrors kernels/mask.cuh): keys(row) = [lo, hi].

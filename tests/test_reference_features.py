@@ -270,3 +270,29 @@ def test_tiled_varlen_equals_naive_varlen(kw, causal):
     fin = np.isfinite(L_n)
     np.testing.assert_allclose(L[fin], L_n[fin], rtol=0, atol=1e-12)
     assert worked == 3 + 0 + 1  # of 3 row blocks per entry: 9 rows, none, 4 rows
+
+
+def test_packed_units_number_every_row_block_once():
+    """PackedUnits (the Hopper forward's tile numbering over a packed batch): units taken in
+    increasing order, with the gaps a scheduler's blocks leave between the units each draws,
+    cover every (entry, head, row block) of every non-empty entry exactly once, and nothing
+    past the last one; zero-length entries have none."""
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        lens = [int(n) for n in rng.integers(0, 700, rng.integers(1, 30))]
+        cu = np.concatenate([[0], np.cumsum(lens)])
+        nheads, B_r = int(rng.integers(1, 5)), int(rng.choice([64, 128, 192]))
+        expected = {(b, h, r) for b, n in enumerate(lens) for h in range(nheads)
+                    for r in range(-(-n // B_r))}
+        # several blocks drawing from one counter: each walks its own increasing units
+        blocks = int(rng.integers(1, 9))
+        got = []
+        for x in range(blocks):
+            walk = ref.PackedUnits(cu, nheads, B_r)
+            for u in range(x, len(expected) + blocks, blocks):
+                tile = walk.find(u)
+                if tile is None:
+                    assert u >= len(expected)
+                    break
+                got.append(tile)
+        assert len(got) == len(set(got)) and set(got) == expected
