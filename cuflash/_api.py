@@ -315,6 +315,36 @@ def _softcap_fields(cap: float, scale: float) -> dict:
             "softcap_out": cap / scale if cap > 0 else 1.0}
 
 
+def _call_features(cupy, causal, window_size, softcap, alibi_slopes, q, batch, seqlen_q,
+                   seqlen_k, d, scale, algorithm="fa2") -> tuple:
+    """What a forward or backward call asks of the kernels beyond plain attention: (upper,
+    local, hooked, odd_d, fields). upper, local: the mask, Mask<upper, local> (_window);
+    hooked: the score hook (_hook); odd_d: a head dim that is not a multiple of 8 (the OddD
+    kernels, which always have the window and the hook, _odd_d_features); fields: the window's
+    and the hook's parameter fields, none for a plain call (the struct's defaults turn them
+    off). algorithm "fa1" refuses each of them (FlashAttention-1's kernel has none)."""
+    upper, local, left, right = _window(causal, window_size, seqlen_q, seqlen_k)
+    if local and algorithm == "fa1":
+        raise ValueError("window_size needs algorithm='fa2' (FlashAttention-1's kernel has no "
+                         "sliding window)")
+    hooked, cap, slopes, slopes_b = _hook(cupy, softcap, alibi_slopes, q, batch)
+    if hooked and algorithm == "fa1":
+        raise ValueError("softcap and alibi_slopes need algorithm='fa2' (FlashAttention-1's "
+                         "kernel has no score hook)")
+    odd_d = d % 8 != 0
+    if odd_d:
+        if algorithm == "fa1":
+            raise ValueError(f"algorithm='fa1' needs a head dim that is a multiple of 8 (got "
+                             f"{d}); algorithm='fa2' takes any head dim from 1 to "
+                             f"{_plan.MAX_HEAD_DIM}")
+        local, left, right, hooked = _odd_d_features(upper, local, left, right, hooked,
+                                                     seqlen_q, seqlen_k)
+    fields = dict(window_left=left, window_right=right, alibi_slopes=slopes,
+                  alibi_stride_b=slopes_b, **_softcap_fields(cap, scale)) \
+        if local or hooked else {}
+    return upper, local, hooked, odd_d, fields
+
+
 def _check_qkv(q, k, v):
     """(cupy, device id, (strides, rows_aligned) as _check_shapes returns them)."""
     cupy = _cupy()
@@ -597,26 +627,10 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
         batch, seqlen_q, seqlen_k = packed.batch, packed.max_seqlen_q, packed.max_seqlen_k
         fields = packed.fields
     scale = _softmax_scale(softmax_scale, d)
-    upper, local, left, right = _window(causal, window_size, seqlen_q, seqlen_k)
-    if local and algorithm == "fa1":
-        raise ValueError("window_size needs algorithm='fa2' (FlashAttention-1's kernel has no "
-                         "sliding window)")
-    hooked, cap, slopes, slopes_b = _hook(cupy, softcap, alibi_slopes, q, batch)
-    if hooked and algorithm == "fa1":
-        raise ValueError("softcap and alibi_slopes need algorithm='fa2' (FlashAttention-1's "
-                         "kernel has no score hook)")
-    odd_d = d % 8 != 0  # (OddD kernels: the window and the hook always)
-    if odd_d:
-        if algorithm == "fa1":
-            raise ValueError(f"algorithm='fa1' needs a head dim that is a multiple of 8 (got "
-                             f"{d}); algorithm='fa2' takes any head dim from 1 to "
-                             f"{_plan.MAX_HEAD_DIM}")
-        local, left, right, hooked = _odd_d_features(upper, local, left, right, hooked,
-                                                     seqlen_q, seqlen_k)
-    # (a plain call leaves the feature fields at their defaults, which turn them off)
-    features = dict(window_left=left, window_right=right, alibi_slopes=slopes,
-                    alibi_stride_b=slopes_b, **_softcap_fields(cap, scale), **fields) \
-        if local or hooked else fields
+    upper, local, hooked, odd_d, features = _call_features(
+        cupy, causal, window_size, softcap, alibi_slopes, q, batch, seqlen_q, seqlen_k, d,
+        scale, algorithm)
+    features = {**features, **fields} if features else fields
 
     with _on_device(cupy, device_id):
         given = {}
@@ -1003,14 +1017,11 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         _check_layout(name, x)
     _check_given(cupy, "lse", lse, (batch, nheads, seqlen_q), np.float32, q, True)
     scale = _softmax_scale(softmax_scale, d)
-    causal, local, left, right = _window(causal, window_size, seqlen_q, seqlen_k)
-    hooked, cap, slopes, slopes_b = _hook(cupy, softcap, alibi_slopes, q)
-    odd_d = d % 8 != 0  # (OddD kernels: the window and the hook always, as in the forward)
-    if odd_d:
-        if isinstance(config, _plan.BackwardConfig):
-            config = dataclasses.replace(config, odd_d=True)
-        local, left, right, hooked = _odd_d_features(causal, local, left, right, hooked,
-                                                     seqlen_q, seqlen_k)
+    causal, local, hooked, odd_d, features = _call_features(
+        cupy, causal, window_size, softcap, alibi_slopes, q, batch, seqlen_q, seqlen_k, d,
+        scale)
+    if odd_d and isinstance(config, _plan.BackwardConfig):
+        config = dataclasses.replace(config, odd_d=True)
 
     with _on_device(cupy, device_id):
         grads, given = [], {}
@@ -1093,9 +1104,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
                         group=group, nheads=nheads, head_parts=parts,
                         deterministic=int(deterministic), splits=splits,
                         dq_accum_cols=cfg.HD, lanes=lanes, softmax_scale=scale,
-                        scale_log2=scale * _LOG2E, window_left=left, window_right=right,
-                        alibi_slopes=slopes, alibi_stride_b=slopes_b,
-                        **_softcap_fields(cap, scale))
+                        scale_log2=scale * _LOG2E, **features)
             # 1. D = rowsum(dO ∘ O)
             pre(_registry.backward_preprocess_grid(seqlen_q, lanes, nheads, batch), 128, 0,
                 stream, params)
