@@ -955,11 +955,12 @@ def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     (q, dout, out: (total_q, heads, d); k, v: (total_k, heads_k, d); lse: (heads, total_q), as
     forward_varlen returns it), with forward_varlen's arguments and rules.
 
-    For now each sequence runs the dense backward on its own rows (views, no copies of q, k,
-    v; lse's rows of each sequence are gathered into a small contiguous copy), one launch set
-    per sequence: exact, and slow for many short sequences. Device cu_seqlens are read back
-    to the host for that loop (a synchronisation). A packed backward kernel, as the forward
-    has, is the next step.
+    The backward kernels take the packed batch as it is (PackedSeq, seqinfo.cuh): one launch
+    set for the whole batch, no synchronisation. Their dQ workspace is sized as for the batch
+    padded to the longest sequence (float32, batch x heads x max_seqlen_q x the head-dim
+    bucket). With deterministic=True each sequence runs the dense deterministic backward on
+    its own rows instead (views of q, k, v; device cu_seqlens are read back to the host for
+    that loop, a synchronisation).
 
     dq, dk, dv: optional preallocated outputs shaped like q, k, v, C-contiguous. Rows of keys
     that no query sees (a sequence with no queries) get zero gradients.
@@ -979,6 +980,13 @@ def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
                          f"{lse.dtype} {tuple(lse.shape)}")
     if alibi_slopes is not None:  # (checked against the packed batch once, here)
         _hook(cupy, softcap, alibi_slopes, q[None], packed.batch)
+    deterministic = _check_flag("deterministic", deterministic)
+    if not deterministic:  # the packed kernels, one launch set
+        one = [x[None] for x in (dout, q, k, v, out)]
+        grads = _backward(*one, lse, causal, softmax_scale, False,
+                          *(None if x is None else x[None] for x in (dq, dk, dv)), None,
+                          window_size, softcap, alibi_slopes, packed)
+        return tuple(g[0] for g in grads)
     grads = []
     for name, x, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         if x is None:
@@ -1003,9 +1011,11 @@ def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
 
 
 def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq, dk, dv,
-              config, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+              config, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, packed=None):
     """backward(), with an explicit tile shape (`config`, a _plan.BackwardConfig or None for
-    the planner's choice): the bench's and the tests' tuning hook."""
+    the planner's choice): the bench's and the tests' tuning hook. packed: a variable-length
+    batch (backward_varlen's _Packed, not deterministic; dout, q, k, v, out and dq, dk, dv are
+    then (1, total, heads, d) views, lse is (heads, total_q))."""
     causal = _check_flag("causal", causal)
     deterministic = _check_flag("deterministic", deterministic)
     cupy, device_id, layout = _check_qkv(q, k, v)
@@ -1015,7 +1025,14 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
     for name, x in (("dout", dout), ("out", out)):
         _check_given(cupy, name, x, q.shape, q.dtype, q)
         _check_layout(name, x)
-    _check_given(cupy, "lse", lse, (batch, nheads, seqlen_q), np.float32, q, True)
+    fields, total_q = {}, 0  # the packed batch's fields (seqinfo.cuh), none when dense
+    if packed is not None:  # the grid's and the workspaces' sizes: the longest entry's
+        total_q = seqlen_q
+        batch, seqlen_q, seqlen_k = packed.batch, packed.max_seqlen_q, packed.max_seqlen_k
+        fields = packed.fields
+        _check_given(cupy, "lse", lse, (nheads, total_q), np.float32, q, True)
+    else:
+        _check_given(cupy, "lse", lse, (batch, nheads, seqlen_q), np.float32, q, True)
     scale = _softmax_scale(softmax_scale, d)
     causal, local, hooked, odd_d, features = _call_features(
         cupy, causal, window_size, softcap, alibi_slopes, q, batch, seqlen_q, seqlen_k, d,
@@ -1048,13 +1065,15 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         def make_plan():
             max_smem, bulk = _max_smem(cupy, device_id), _has_bulk_copy(cupy, device_id)
             HD = _plan.backward_head_dim_bucket(d)
-            cfg = config or _plan.backward_config(HD, max_smem, bulk, local, hooked, odd_d)
+            cfg = config or _plan.backward_config(HD, max_smem, bulk, local, hooked, odd_d,
+                                                  packed is not None)
             return _registry.fa2_backward_plan(_dtype_name(q.dtype), HD, causal, max_smem,
                                                bulk, bool(deterministic and cfg.dq_bulk), cfg,
-                                               local, hooked)
+                                               local, hooked, packed=packed is not None)
         plan, kernels, params = _prepared(
             _backward_launches,
-            (device_id, q.dtype, d, causal, local, hooked, deterministic, config),
+            (device_id, q.dtype, d, causal, local, hooked, deterministic, config,
+             packed is not None),
             _registry.FA2_BACKWARD, make_plan)
         cfg, pre, main, fin = plan.cfg, kernels["pre"], kernels["main"], kernels["dq"]
         ordered = bool(deterministic and cfg.dq_bulk)
@@ -1065,7 +1084,9 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         # dq_bulk: additions in a fixed order, counted in dq_order (the first one into each
         # row block is a store: no zeroing needed); with atomics: one slice per split, summed
         # in order afterwards (fa2_backward.cu, "Deterministic mode").
-        Dsum = cupy.empty((batch, nheads, seqlen_q), dtype=cupy.float32)
+        # (packed: D as L, (heads, total_q); the dQ workspaces as for the padded batch)
+        Dsum = cupy.empty((nheads, total_q) if packed is not None else (batch, nheads, seqlen_q),
+                          dtype=cupy.float32)
         T_c = (seqlen_k + cfg.B_c - 1) // cfg.B_c
         T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
         rows = T_r * cfg.B_r if cfg.dq_bulk else seqlen_q
@@ -1077,7 +1098,9 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
             if split else 1
         # GQA / MQA: each block sums the query heads of one part of a group into dK_j, dV_j
         # (fa2_backward.cu); more than one part only where one would leave SMs idle.
-        parts = _registry.head_parts(group, (splits if split else T_c) * nheads_k * batch, sms)
+        # (Packed batches: one part, the float32 slices being laid out per dense batch entry.)
+        parts = 1 if packed is not None else \
+            _registry.head_parts(group, (splits if split else T_c) * nheads_k * batch, sms)
         alloc = cupy.empty if ordered else cupy.zeros
         dq_accum = alloc((splits, batch, nheads, rows, cfg.HD), dtype=cupy.float32)
         # ordered: turn counters (batch, heads, T_r), then one ticket counter per (batch, kv
@@ -1104,7 +1127,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
                         group=group, nheads=nheads, head_parts=parts,
                         deterministic=int(deterministic), splits=splits,
                         dq_accum_cols=cfg.HD, lanes=lanes, softmax_scale=scale,
-                        scale_log2=scale * _LOG2E, **features)
+                        scale_log2=scale * _LOG2E, **features, **fields)
             # 1. D = rowsum(dO ∘ O)
             pre(_registry.backward_preprocess_grid(seqlen_q, lanes, nheads, batch), 128, 0,
                 stream, params)

@@ -132,6 +132,15 @@ _HOOK = [Field("alibi_slopes", "ptr", "ALiBi slopes per (batch, head), float32",
          Field("alibi_stride_b", "i32", "batch stride of alibi_slopes (0: one row for all)",
                "", 0)]
 
+# Variable-length batches (seqinfo.cuh; null: dense): entry b's rows are
+# [cu_seqlens[b], cu_seqlens[b + 1]) of the packed tensors; seqlen_q and seqlen_k are then the
+# longest entry's (the grid's and the workspaces' sizes).
+_PACKED = [Field("cu_seqlens_q", "ptr", "packed: cumulative query lengths (batch + 1), int32",
+                 "const int*", 0),
+           Field("cu_seqlens_k", "ptr", "packed: cumulative key lengths (batch + 1), int32",
+                 "const int*", 0),
+           Field("total_q", "i32", "packed: rows of the packed query tensor", "", 0)]
+
 FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
     *_QKV,
     Field("o", "ptr", "O, Q's shape (its own strides)", "elem_t*"),
@@ -145,14 +154,7 @@ FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
     *_SCALES,
     *_WINDOW,
     *_HOOK,
-    # Variable-length batches (seqinfo.cuh; null: dense): entry b's rows are
-    # [cu_seqlens[b], cu_seqlens[b + 1]) of the packed tensors; seqlen_q and seqlen_k above are
-    # then the longest entry's.
-    Field("cu_seqlens_q", "ptr", "packed: cumulative query lengths (batch + 1), int32",
-          "const int*", 0),
-    Field("cu_seqlens_k", "ptr", "packed: cumulative key lengths (batch + 1), int32",
-          "const int*", 0),
-    Field("total_q", "i32", "packed: rows of the packed query tensor", "", 0),
+    *_PACKED,
 ])
 
 # ---- the Hopper forward: fa2_forward_sm90 ----------------------------------------------------
@@ -197,6 +199,7 @@ BWD = Struct("BwdParams", "Backward kernels (fa2_backward.cu).", [
     *_SCALES,
     *_WINDOW,
     *_HOOK,
+    *_PACKED,  # (last: the int fields above keep their offsets, see the note above)
 ])
 
 STRUCTS = (FWD, BWD, SM90_FWD)

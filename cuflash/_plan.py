@@ -431,6 +431,14 @@ def _table() -> dict:
     put("sm90", "bwd_hook", 32, None, [_b(32, 64, 128, 8, 4, 4, 4, 1, dq) for dq in (2, 1, 0)])
     put("sm90", "bwd_hook", 64, None, [_b(64, 64, 64, 8, 4, 2, 2, 1, dq) for dq in (2, 1, 0)])
     put("sm90", "bwd_hook", 96, None, [_b(96, 64, 64, 8, 4, 4, 4, 1, dq) for dq in (2, 1, 0)])
+    # bwd_packed, bwd_packed_hook: over a variable-length batch (PackedSeq: the entry's lengths
+    # and offsets take registers of their own), where the usual tile spills: d 64's 4/4/4
+    # layout (24-56 bytes; sm_80 class: 2/4/4, 8-24) and, with the hook, d 128's 64x128 (4-12
+    # bytes). Chosen for zero spills, not yet measured.
+    put("sm90", "bwd_packed", 64, None, bulk[64][1:] + atomics[64])
+    put("sm90", "bwd_packed_hook", 128, None, bulk[128][4:] + atomics[128][2:])
+    put("sm80", "bwd_packed", 64, None, atomics[64][2:])
+    put("sm80", "bwd_packed_hook", 128, None, atomics[128][2:])
 
     # the Hopper forward (class sm90a: H100/H200, kernels/fa2_forward_sm90.cu), one tile per
     # bucket and mask, from the H200 sweep of 2026-11-30 (bf16, kernel timing,
@@ -611,18 +619,22 @@ def backward_configs(HD: int, bulk: bool = False) -> list[BackwardConfig]:
 
 def backward_config(HD: int, max_smem_bytes: int = 227 * 1024,
                     bulk: bool = False, local: bool = False,
-                    hooked: bool = False, odd_d: bool = False) -> BackwardConfig:
+                    hooked: bool = False, odd_d: bool = False,
+                    packed: bool = False) -> BackwardConfig:
     """The backward tile for head-dim bucket HD on a device allowing `max_smem_bytes` per
     block; bulk: the device has the bulk copy engine (sm_90+, see has_bulk_copy). Only the
     sm90 class (227 KB) takes bulk tiles; `bulk=False` forces the dQ-atomics tiles. local,
     hooked: the kernels with a sliding window, with the score hook; odd_d: a head dim that is
-    not a multiple of 8 (the window and the hook always, as in the forward, in OddD)."""
+    not a multiple of 8 (the window and the hook always, as in the forward, in OddD); packed:
+    over a variable-length batch ("bwd_packed_hook", "bwd_packed" first, where listed)."""
     if odd_d:
-        return dataclasses.replace(backward_config(HD, max_smem_bytes, bulk, True, True),
-                                   odd_d=True)
+        return dataclasses.replace(backward_config(HD, max_smem_bytes, bulk, True, True,
+                                                   packed=packed), odd_d=True)
     cls = "sm90" if bulk and gpu_class(max_smem_bytes) == "sm90" else "sm80"
-    if hooked and (cls, "bwd_hook", HD, False) in TILES:
-        return _first_fitting((cls, "bwd_hook", HD, False), max_smem_bytes)
+    for key, on in (("bwd_packed_hook", packed and hooked), ("bwd_hook", hooked),
+                    ("bwd_packed", packed)):
+        if on and (cls, key, HD, False) in TILES:
+            return _first_fitting((cls, key, HD, False), max_smem_bytes)
     if (local or hooked) and (cls, "bwd_feat", HD, False) in TILES:
         return _first_fitting((cls, "bwd_feat", HD, False), max_smem_bytes)
     return _first_fitting((cls, "bwd", HD, False), max_smem_bytes)
@@ -655,28 +667,37 @@ def config_from_shape(which: str, d: int, shape: str, bulk: bool = False):
 
 def backward_kernel_name(dtype_name: str, cfg: BackwardConfig, causal: bool,
                          ordered: bool = False, local: bool = False,
-                         hooked: bool = False) -> str:
+                         hooked: bool = False, packed: bool = False) -> str:
     """ordered: the deterministic mode's kernel with ordered dQ additions (cfg.dq_bulk only;
-    with dQ atomics the deterministic mode runs the default kernel on split slices)."""
+    with dQ atomics the deterministic mode runs the default kernel on split slices); packed:
+    over a variable-length batch (not ordered)."""
     if ordered and not cfg.dq_bulk:
         raise ValueError("ordered dQ additions need the bulk dQ reduction")
+    if ordered and packed:
+        raise ValueError("packed batches have no ordered mode")
     return (f"cuflash::fa2_backward<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
-            f"{mask_type(causal, local)}, {'true' if ordered else 'false'}{score_type(hooked)}>")
+            f"{mask_type(causal, local)}, {'true' if ordered else 'false'}"
+            f"{score_type(hooked, packed)}>")
 
 
-def backward_preprocess_name(dtype_name: str) -> str:
-    return f"cuflash::fa2_backward_preprocess<{ELEMENT_TAGS[dtype_name]}>"
+def _seq_type(packed: bool) -> str:
+    """The batch layout as a trailing template argument (DenseSeq, the default, left out)."""
+    return ", cuflash::PackedSeq" if packed else ""
+
+
+def backward_preprocess_name(dtype_name: str, packed: bool = False) -> str:
+    return f"cuflash::fa2_backward_preprocess<{ELEMENT_TAGS[dtype_name]}{_seq_type(packed)}>"
 
 
 def backward_dq_name(dtype_name: str, cfg: BackwardConfig, causal: bool,
-                     local: bool = False) -> str:
+                     local: bool = False, packed: bool = False) -> str:
     """The kernel that turns dQ_accum into dQ (its layout depends on cfg.dq_bulk; the bulk
     layout's pass also needs the mask: in the ordered mode row blocks no key reaches are
     never written)."""
     if cfg.dq_bulk:
         return (f"cuflash::fa2_backward_dq_bulk<{ELEMENT_TAGS[dtype_name]}, {cfg.tile_type}, "
-                f"{mask_type(causal, local)}>")
-    return f"cuflash::fa2_backward_dq<{ELEMENT_TAGS[dtype_name]}>"
+                f"{mask_type(causal, local)}{_seq_type(packed)}>")
+    return f"cuflash::fa2_backward_dq<{ELEMENT_TAGS[dtype_name]}{_seq_type(packed)}>"
 
 
 # The architecture the CPU compile check builds each shared-memory class for: sm_86/89/120

@@ -160,32 +160,33 @@ FA1_FORWARD = Variant(
 
 def fa2_backward_plan(dtype_name: str, HD: int, causal: bool, max_smem: int, bulk: bool,
                       ordered: bool = False, config=None, local: bool = False,
-                      hooked: bool = False, odd_d: bool = False) -> Plan:
+                      hooked: bool = False, odd_d: bool = False, packed: bool = False) -> Plan:
     """The backward's three kernels. ordered: the deterministic mode's kernel with ordered dQ
-    additions (tiles with bulk dQ only)."""
-    cfg = config or _plan.backward_config(HD, max_smem, bulk, local, hooked, odd_d)
+    additions (tiles with bulk dQ only); packed: over a variable-length batch."""
+    cfg = config or _plan.backward_config(HD, max_smem, bulk, local, hooked, odd_d, packed)
     if cfg.odd_d:  # (OddD kernels always have the window and the hook)
         local = hooked = True
-    return Plan(cfg, {"pre": _plan.backward_preprocess_name(dtype_name),
+    return Plan(cfg, {"pre": _plan.backward_preprocess_name(dtype_name, packed),
                       "main": _plan.backward_kernel_name(dtype_name, cfg, causal, ordered,
-                                                         local, hooked),
-                      "dq": _plan.backward_dq_name(dtype_name, cfg, causal, local)},
+                                                         local, hooked, packed),
+                      "dq": _plan.backward_dq_name(dtype_name, cfg, causal, local, packed)},
                 {"pre": 0, "main": cfg.smem_bytes, "dq": 0})
 
 
 def _fa2_backward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False,
-                        odd_d=False) -> list:
+                        odd_d=False, packed=False) -> list:
     try:
-        cfg = _plan.backward_config(HD, smem, bulk, local, hooked, odd_d)
+        cfg = _plan.backward_config(HD, smem, bulk, local, hooked, odd_d, packed)
     except RuntimeError:  # does not fit this GPU: backward() raises there
         return []
+    # (packed batches: no ordered mode, their deterministic calls run entry by entry)
     return [fa2_backward_plan(dt, HD, causal, smem, bulk, ordered, local=local, hooked=hooked,
-                              odd_d=odd_d)
-            for ordered in ((False, True) if cfg.dq_bulk else (False,))]
+                              odd_d=odd_d, packed=packed)
+            for ordered in ((False, True) if cfg.dq_bulk and not packed else (False,))]
 
 
 FA2_BACKWARD = Variant("fa2_backward", _plan.BACKWARD_FILE, _params.BWD, ("80", "90"),
-                       _fa2_backward_plans, odd_d=True)
+                       _fa2_backward_plans, packed=True, odd_d=True)
 
 
 def backward_preprocess_grid(seqlen_q: int, lanes: int, nheads: int, batch: int) -> tuple:

@@ -66,7 +66,8 @@
 // (WM_SDP, WM_DKV, WM_DQ), QSTAGES (1 or 2 shared-memory buffers for Q_i, dO_i, L_i, D_i; row
 // block i + 1 loads during step i: with 2, Q, L, D from its start and dO after dV_j += P_ij^T
 // dO_i; with 1, all of it after dK_j += dS_ij^T Q_i, during the dQ product),
-// DQ_BULK, CAUSAL, ORDERED. cuflash/_plan.py picks them per head dim and GPU.
+// DQ_BULK, CAUSAL, ORDERED, ScoreT, SeqT (DenseSeq | PackedSeq, seqinfo.cuh: variable-length
+// batches, without the ordered mode). cuflash/_plan.py picks them per head dim and GPU.
 #include "common.cuh"
 #include "params.cuh"
 #include "seqinfo.cuh"
@@ -81,12 +82,13 @@ namespace cuflash {
 // ---------------------------------------------------------------------------------------------
 // G = p.lanes lanes (a power of two >= ceil(d / 8)) share one query row, each taking 8 elements;
 // grid (ceil(seqlen_q / (128 / G)), heads, batch). D is (batch, heads, seqlen_q), contiguous.
-template <typename T>
+template <typename T, typename SeqT = DenseSeq>
 __global__ void __launch_bounds__(128)
 fa2_backward_preprocess(const BwdParams p) {
-    const int seqlen_q = p.seqlen_q, G = p.lanes;
+    const int G = p.lanes;
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
-    const SeqInfo seq = seq_info(p, batch);
+    const SeqInfo seq = SeqT::info(p, batch);
+    const int seqlen_q = seq.seqlen_q;  // (packed: this entry's; the grid covers the longest)
     const int row = blockIdx.x * (128 / G) + threadIdx.x / G, c = threadIdx.x % G;
     float acc = 0.f;
     const int d = p.d;
@@ -218,7 +220,8 @@ struct BackwardTile {
 // registers. dK, dV: with head_parts == 1, in the input dtype (batch, seqlen_k, heads_k, d);
 // with head_parts > 1 (used where one part per kv head would leave SMs idle), float32 slices
 // (head_parts, batch, seqlen_k, heads_k, d), contiguous, which the caller sums.
-template <typename T, typename Tile, typename MaskT, bool ORDERED, typename ScoreT = ScoreScale>
+template <typename T, typename Tile, typename MaskT, bool ORDERED, typename ScoreT = ScoreScale,
+          typename SeqT = DenseSeq>
 __global__ void __launch_bounds__(Tile::NTHREADS, 1)
 fa2_backward(const BwdParams p) {
     constexpr bool CAUSAL = MaskT::CAUSAL;
@@ -237,7 +240,7 @@ fa2_backward(const BwdParams p) {
     void* __restrict__ dK = p.dk;
     void* __restrict__ dV = p.dv;
     const int deterministic = p.deterministic, nheads = p.nheads, head_parts = p.head_parts;
-    const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, d = p.d, group = p.group;
+    const int d = p.d, group = p.group;
     const long long q_stride_b = p.q_stride_b, q_stride_s = p.q_stride_s, q_stride_h = p.q_stride_h;
     const long long k_stride_b = p.k_stride_b, k_stride_s = p.k_stride_s, k_stride_h = p.k_stride_h;
     const long long v_stride_b = p.v_stride_b, v_stride_s = p.v_stride_s, v_stride_h = p.v_stride_h;
@@ -279,6 +282,12 @@ fa2_backward(const BwdParams p) {
     constexpr bool by_head = ORDERED && !CAUSAL;
     const int grid_head = by_head ? blockIdx.x : blockIdx.y;  // (kv head, part), see above
     const int batch = by_head ? blockIdx.y : blockIdx.z, nbatch = by_head ? gridDim.y : gridDim.z;
+    static_assert(!(SeqT::PACKED && ORDERED), "packed batches: no ordered mode");
+    // This batch entry's lengths (seqinfo.cuh; packed: the entry's own, while p.seqlen_q, the
+    // longest entry's, sizes the grid and the dQ workspaces, `ws_rows` below).
+    const SeqInfo seq = SeqT::info(p, batch);
+    const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
+    const int ws_rows = p.seqlen_q;  // query rows per (batch, head) in dQ_accum and dQ_order
     // The query head whose row blocks are being visited (the loop over heads below).
     int head = 0;
     // the score hook (score.cuh): the scale in the exponent (a hook that rewrites S is made
@@ -323,18 +332,18 @@ fa2_backward(const BwdParams p) {
         if (parts & ROW_QLD)
             load_tile<Tile, B_r, PITCH, NTHREADS>(
                 sQ + buf * B_r * PITCH,
-                Q + seq_info(p, b).q_offset(q_stride_b, q_stride_s) + h * q_stride_h +
+                Q + SeqT::info(p, b).q_offset(q_stride_b, q_stride_s) + h * q_stride_h +
                     row0 * q_stride_s,
                 q_stride_s, seqlen_q - row0, chunks, d, t);
         if (parts & ROW_DO)
             load_tile<Tile, B_r, PITCH, NTHREADS>(
                 sdO + buf * B_r * PITCH,
-                dO + seq_info(p, b).q_offset(do_stride_b, do_stride_s) + h * do_stride_h +
+                dO + SeqT::info(p, b).q_offset(do_stride_b, do_stride_s) + h * do_stride_h +
                     row0 * do_stride_s, do_stride_s,
                 seqlen_q - row0, chunks, d, t);
         if ((parts & ROW_QLD) && t < B_r) {
             const bool valid = row0 + t < seqlen_q;
-            const long long at = seq_info(p, b).row_vector(h, nheads) + (valid ? row0 + t : 0);
+            const long long at = SeqT::info(p, b).row_vector(h, nheads) + (valid ? row0 + t : 0);
             cp_async_4(smem_u32(sL + buf * B_r + t), L + at, valid);
             cp_async_4(smem_u32(sD + buf * B_r + t), Dsum + at, valid);
         }
@@ -350,7 +359,7 @@ fa2_backward(const BwdParams p) {
     // 36 bytes, and the wait inside flush_dq, after the barrier, the fp16 d 128 causal one 8.)
     int dq_tile = 0;  // the tile this block's next dQ_ij goes to
     auto row_block_index = [&](int i) {  // (batch, head, row block i), flattened
-        return ((long long)batch * nheads + head) * ((seqlen_q + B_r - 1) / B_r) + i;
+        return ((long long)batch * nheads + head) * ((ws_rows + B_r - 1) / B_r) + i;
     };
     auto dq_rank = [&](int i, int j) {  // column block j's turn among those that see row block i
         return column_blocks<B_r, B_c>(MaskT(p, seqlen_q, seqlen_k), i).end - 1 - j;
@@ -405,7 +414,7 @@ fa2_backward(const BwdParams p) {
             // (batch, head part) of this block, flattened: the grid's two other dimensions
             const int group_of_block = by_head ? blockIdx.y * gridDim.x + blockIdx.x
                                                : blockIdx.z * gridDim.y + blockIdx.y;
-            int* tickets = dQ_order + (long long)nbatch * nheads * ((seqlen_q + B_r - 1) / B_r);
+            int* tickets = dQ_order + (long long)nbatch * nheads * ((ws_rows + B_r - 1) / B_r);
             s_ticket = atomicAdd(tickets + group_of_block, 1);
         }
         __syncthreads();
@@ -438,11 +447,11 @@ fa2_backward(const BwdParams p) {
             // K_j, V_j and the first row block in one cp.async group.
             const long long b = opaque(batch), hk = opaque(grid_head) / head_parts;
             load_tile<Tile, B_c, PITCH, NTHREADS>(
-                sK, K + seq_info(p, b).k_offset(k_stride_b, k_stride_s) + hk * k_stride_h +
+                sK, K + SeqT::info(p, b).k_offset(k_stride_b, k_stride_s) + hk * k_stride_h +
                         col0 * k_stride_s, k_stride_s,
                 seqlen_k - col0, chunks, d, opaque(tid));
             load_tile<Tile, B_c, PITCH, NTHREADS>(
-                sV, V + seq_info(p, b).k_offset(v_stride_b, v_stride_s) + hk * v_stride_h +
+                sV, V + SeqT::info(p, b).k_offset(v_stride_b, v_stride_s) + hk * v_stride_h +
                         col0 * v_stride_s, v_stride_s,
                 seqlen_k - col0, chunks, d, opaque(tid));
             load_row_block(rb().begin, 0, ROW_ALL);
@@ -510,8 +519,9 @@ fa2_backward(const BwdParams p) {
                     const KeyRange keys = MaskT(p, seqlen_q, seqlen_k).keys(row0 + r);
                     const int lo = keys.lo - col0 - s_n * Tile::S_NW - (lane_id() % 4) * 2;
                     const int hi = keys.hi - col0 - s_n * Tile::S_NW - (lane_id() % 4) * 2;
-                    const float dist = hook.diagonal(row0 + r, lane_col, p.seqlen_q,
-                                                     p.seqlen_k);  // (dense: the params')
+                    const float dist = hook.diagonal(  // (dense: the params')
+                        row0 + r, lane_col, SeqT::PACKED ? seqlen_q : p.seqlen_q,
+                        SeqT::PACKED ? seqlen_k : p.seqlen_k);
 #pragma unroll
                     for (int nt = 0; nt < S_NT; ++nt) {
                         // P_ij at columns lane_col + nt * 8 + e1, and the hook's derivative
@@ -613,7 +623,7 @@ fa2_backward(const BwdParams p) {
             // atomics: this warp's first dQ column, in slice `split` of dQ_accum
             const long long split = !DQ_BULK && deterministic ? opaque(blockIdx.x) : 0;
             float* dst0 = dQ_accum + q_n * Tile::Q_NW +
-                ((split * nbatch + opaque(batch)) * nheads + opaque(head)) * seqlen_q * HD;
+                ((split * nbatch + opaque(batch)) * nheads + opaque(head)) * ws_rows * HD;
 #pragma unroll
             for (int pass = 0; pass < Tile::DQ_PASSES; ++pass) {
                 float dq[Q_MT][DQ_PASS][4];
@@ -735,7 +745,7 @@ fa2_backward(const BwdParams p) {
         for (int e2 = 0; e2 < 2; ++e2) {
             const int key = col0 + kv_m_e * Tile::KV_MW + mt * 16 + l_e / 4 + e2 * 8;
             if (key >= seqlen_k) continue;
-            const long long base = seq_info(p, opaque(batch)).k_offset(dk_stride_b, dk_stride_s) +
+            const long long base = SeqT::info(p, opaque(batch)).k_offset(dk_stride_b, dk_stride_s) +
                                    key * dk_stride_s +
                                    out_head * dk_stride_h + kv_n_e * Tile::KV_NW + (l_e % 4) * 2;
 #pragma unroll
@@ -783,8 +793,10 @@ fa2_backward(const BwdParams p) {
 // One thread per 8 elements of a row; grid (ceil(seqlen_q * ceil(d / 8) / 128), heads, batch).
 // dQ_accum: (splits, batch, heads, seqlen_q, hd) with hd = p.dq_accum_cols, the main kernel's
 // head-dim bucket.
-// dQ: (batch, seqlen_q, heads, d) with strides (last dim contiguous).
-template <typename T>
+// dQ: (batch, seqlen_q, heads, d) with strides (last dim contiguous). Packed batches: the
+// workspace and the grid as for the longest entry (p.seqlen_q rows), an entry's rows past its
+// own length skipped.
+template <typename T, typename SeqT = DenseSeq>
 __global__ void __launch_bounds__(128)
 fa2_backward_dq(const BwdParams p) {
     const int splits = p.splits, seqlen_q = p.seqlen_q, d = p.d, hd = p.dq_accum_cols;
@@ -794,6 +806,8 @@ fa2_backward_dq(const BwdParams p) {
     const long long idx = (long long)blockIdx.x * 128 + threadIdx.x;
     if (idx >= (long long)seqlen_q * chunks) return;
     const int row = idx / chunks, c = idx % chunks;
+    const SeqInfo seq = SeqT::info(p, batch);
+    if (SeqT::PACKED && row >= seq.seqlen_q) return;
     const long long slice = (long long)nbatch * nheads * seqlen_q * hd;
     const float* src =
         p.dq_accum + (((long long)batch * nheads + head) * seqlen_q + row) * hd + c * 8;
@@ -809,8 +823,8 @@ fa2_backward_dq(const BwdParams p) {
 #pragma unroll
     for (int e = 0; e < 4; ++e)
         packed[e] = T::pack(acc[2 * e] * softmax_scale, acc[2 * e + 1] * softmax_scale);
-    elem_t* dq_row = p.dq + seq_info(p, batch).q_offset(p.dq_stride_b, p.dq_stride_s) +
-                     row * p.dq_stride_s + head * p.dq_stride_h;
+    elem_t* dq_row = p.dq + seq.q_offset(p.dq_stride_b, p.dq_stride_s) + row * p.dq_stride_s +
+                     head * p.dq_stride_h;
     if (d % 8 == 0)
         *reinterpret_cast<Chunk16*>(dq_row + c * 8) = out;
     else  // (2-byte aligned rows)
@@ -821,15 +835,17 @@ fa2_backward_dq(const BwdParams p) {
 // must match). One thread per 4 floats of a fragment (rows g and g + 8, two columns), read
 // grid (ceil(T_r * B_r * HD / 4 / 128), heads, batch). Deterministic mode (p.deterministic
 // = 1; dQ_accum not zeroed): row block i was written iff some column block sees it (n_i > 0).
-template <typename T, typename Tile, typename MaskT>
+// Packed batches: the workspace and the grid as for the longest entry (p.seqlen_q rows).
+template <typename T, typename Tile, typename MaskT, typename SeqT = DenseSeq>
 __global__ void __launch_bounds__(128)
 fa2_backward_dq_bulk(const BwdParams p) {
     constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, WM_DQ = Tile::WM_DQ;
-    const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, d = p.d;
+    const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
+    const SeqInfo seq = SeqT::info(p, batch);  // (packed: the entry's lengths)
+    const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k, d = p.d;
     const float softmax_scale = p.softmax_scale;
     constexpr int FRAGS = B_r * HD / 4;  // per row block
-    const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
-    const int T_r = (seqlen_q + B_r - 1) / B_r;
+    const int T_r = (p.seqlen_q + B_r - 1) / B_r;  // (the workspace's)
     const long long f = (long long)blockIdx.x * 128 + threadIdx.x;
     if (f >= (long long)T_r * FRAGS) return;
     // Undo Tile::dq_fragment: f = i FRAGS + (((warp P + pass) Q_MT + mt) DQ_PASS + nt) 32 + lane
@@ -854,8 +870,7 @@ fa2_backward_dq_bulk(const BwdParams p) {
     }
     const Float4 v = written ? *reinterpret_cast<const Float4*>(src) : Float4{0.f, 0.f, 0.f, 0.f};
     const float acc[4] = {v.x, v.y, v.z, v.w};
-    elem_t* out = p.dq + seq_info(p, batch).q_offset(p.dq_stride_b, p.dq_stride_s) +
-                  head * p.dq_stride_h + col;
+    elem_t* out = p.dq + seq.q_offset(p.dq_stride_b, p.dq_stride_s) + head * p.dq_stride_h + col;
 #pragma unroll
     for (int e2 = 0; e2 < 2; ++e2) {  // rows g and g + 8
         if (row + 8 * e2 >= seqlen_q) continue;

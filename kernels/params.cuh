@@ -136,8 +136,11 @@ struct BwdParams {
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale
     int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
+    const int* cu_seqlens_q;        // packed: cumulative query lengths (batch + 1), int32
+    const int* cu_seqlens_k;        // packed: cumulative key lengths (batch + 1), int32
+    int total_q;                    // packed: rows of the packed query tensor
 };
-static_assert(sizeof(BwdParams) == 344, "BwdParams: size differs from cuflash/_params.py");
+static_assert(sizeof(BwdParams) == 368, "BwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(BwdParams, q) == 0, "BwdParams.q");
 static_assert(__builtin_offsetof(BwdParams, k) == 8, "BwdParams.k");
@@ -190,6 +193,9 @@ static_assert(__builtin_offsetof(BwdParams, alibi_slopes) == 320, "BwdParams.ali
 static_assert(__builtin_offsetof(BwdParams, softcap_in) == 328, "BwdParams.softcap_in");
 static_assert(__builtin_offsetof(BwdParams, softcap_out) == 332, "BwdParams.softcap_out");
 static_assert(__builtin_offsetof(BwdParams, alibi_stride_b) == 336, "BwdParams.alibi_stride_b");
+static_assert(__builtin_offsetof(BwdParams, cu_seqlens_q) == 344, "BwdParams.cu_seqlens_q");
+static_assert(__builtin_offsetof(BwdParams, cu_seqlens_k) == 352, "BwdParams.cu_seqlens_k");
+static_assert(__builtin_offsetof(BwdParams, total_q) == 360, "BwdParams.total_q");
 #endif
 
 // Hopper forward kernel (fa2_forward_sm90.cu).

@@ -4,7 +4,7 @@
 // batch * stride itself, so that variable-length batches change this file and nowhere else.
 // Two layouts:
 //   dense:  every entry has seqlen_q query rows and seqlen_k key rows, at batch * stride_b;
-//   packed (variable length, the forward's PackedSeq kernels, cu_seqlens_q / cu_seqlens_k):
+//   packed (variable length, the PackedSeq kernels, cu_seqlens_q / cu_seqlens_k):
 //           the entries' rows lie back to back in one (total, heads, d) tensor; entry b's query
 //           rows are [cu_seqlens_q[b], cu_seqlens_q[b + 1]), its key rows likewise, and L is
 //           (heads, total_q). seqlen_q and seqlen_k in the parameters are then the longest
@@ -54,7 +54,7 @@ struct DenseSeq {
         return {batch, p.seqlen_q, p.seqlen_k, -1, -1, 0};
     }
 };
-// (the forward's params only: FwdParams, Sm90FwdParams)
+// (params with the packed fields: FwdParams, Sm90FwdParams, BwdParams)
 struct PackedSeq {
     static constexpr bool PACKED = true;
     template <class Params>
@@ -89,7 +89,7 @@ struct PackedUnits {
     }
 };
 
-// The dense layout, for the kernels that have no other yet (FlashAttention-1, the backward).
+// The dense layout, for the kernels that have no other (FlashAttention-1).
 template <class Params>
 __device__ __forceinline__ SeqInfo seq_info(const Params& p, int batch) {
     return DenseSeq::info(p, batch);

@@ -205,27 +205,21 @@ def test_backward_odd_head_dim_with_every_feature():
     check_gradients(q, k, v, dout, True, window_size=(40, 0), softcap=10.0, alibi_slopes=slopes)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("features", [{}, {"window_size": (64, 0), "softcap": 20.0,
-                                           "alibi": True}], ids=["plain", "window-softcap-alibi"])
-def test_backward_varlen(causal, features):
+def check_varlen_gradients(lens_q, lens_k, h, hk, d, dt, causal, deterministic=False,
+                           alibi=False, **features):
     """backward_varlen against each sequence's float64 and same-dtype naive gradients (the 3x
-    rule over the packed gradients): zero-length sequences, queries longer than keys and the
-    other way round, GQA; keys that no query sees get zero gradients."""
-    lens_q, lens_k = [1, 0, 129, 300, 64], [5, 3, 129, 200, 0]
-    h, hk, d = 4, 2, 64
-    features = dict(features)
-    slopes = cp.asarray(np.random.default_rng(1).uniform(0.01, 0.3, (5, h)).astype(np.float32)) \
-        if features.pop("alibi", False) else None
+    rule over the packed gradients); keys that no query sees must get zero gradients."""
+    slopes = cp.asarray(np.random.default_rng(1).uniform(0.01, 0.3, (len(lens_q), h))
+                        .astype(np.float32)) if alibi else None
     cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]) for n in (lens_q, lens_k))
-    dt = DTYPES["bf16"]
     q, dout = (rand(cp, (int(cu_q[-1]), h, d), dt) for _ in range(2))
     k, v = (rand(cp, (int(cu_k[-1]), hk, d), dt) for _ in range(2))
     out, lse = cuflash.forward_varlen(q, k, v, cu_q, cu_k, causal=causal, alibi_slopes=slopes,
                                       **features)
     dq, dk, dv = (poisoned_like(x) for x in (q, k, v))
-    res = cuflash.backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k, causal=causal,
-                                  alibi_slopes=slopes, dq=dq, dk=dk, dv=dv, **features)
+    res = cuflash.backward_varlen(dout, q, k, v, out, lse, cu_q, cp.asarray(cu_k, cp.int32),
+                                  max(lens_q), max(lens_k), causal=causal, alibi_slopes=slopes,
+                                  deterministic=deterministic, dq=dq, dk=dk, dv=dv, **features)
     assert res[0] is dq and res[1] is dk and res[2] is dv
     exact = [cp.zeros(x.shape, cp.float64) for x in (q, k, v)]
     naive = [cp.zeros(x.shape, x.dtype) for x in (q, k, v)]
@@ -241,7 +235,31 @@ def test_backward_varlen(causal, features):
                 a[rows] = g[0]
     for name, ours, nv, ex in zip(("dq", "dk", "dv"), (dq, dk, dv), naive, exact):
         assert_accurate(cp, ours, nv, ex, 3.0, name)
-    assert bool((dk[int(cu_k[1]):int(cu_k[2])] == 0).all())  # (the sequence with no queries)
+    for b in range(len(lens_q)):  # (sequences with no queries)
+        if lens_q[b] == 0:
+            assert bool((dk[int(cu_k[b]):int(cu_k[b + 1])] == 0).all())
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("features", [{}, {"window_size": (64, 0), "softcap": 20.0,
+                                           "alibi": True}], ids=["plain", "window-softcap-alibi"])
+def test_backward_varlen(causal, features, deterministic):
+    """Zero-length sequences, queries longer than keys and the other way round, GQA; the packed
+    kernels (deterministic=False) and the deterministic path (each sequence on its own)."""
+    check_varlen_gradients([1, 0, 129, 300, 64], [5, 3, 129, 200, 0], 4, 2, 64, DTYPES["bf16"],
+                           causal, deterministic, **features)
+
+
+@pytest.mark.parametrize("d", [64, 111, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_varlen_many_entries(d, causal):
+    """The packed kernels over many entries of mixed lengths (more column blocks than SMs),
+    MQA, fp16, every head-dim bucket's tile family (111: OddD)."""
+    rng = np.random.default_rng(d)
+    lens_q = [int(n) for n in rng.integers(0, 400, 24)]
+    lens_k = [int(n) for n in rng.integers(0, 400, 24)]
+    check_varlen_gradients(lens_q, lens_k, 4, 1, d, DTYPES["fp16"], causal)
 
 
 def test_empty_and_keyless_backward():

@@ -509,30 +509,57 @@ def test_forward_varlen_refuses_bad_arrays(fake):
 
 
 def test_precompile_builds_the_feature_and_packed_kernels_asked_for():
-    """precompile(windows=..., varlen=...): the feature keyword sets per variant (FA1 and the
-    backward take no packed batch)."""
+    """precompile(windows=..., varlen=...): the feature keyword sets per variant (FA1 takes no
+    packed batch)."""
     fwd, bwd, fa1 = _registry.FA2_FORWARD, _registry.FA2_BACKWARD, _registry.FA1_FORWARD
     assert _api._precompile_features(fwd, False, False) == [{}]
     assert _api._precompile_features(fwd, False, True) == [{}, {"packed": True}]
     both = _api._precompile_features(fwd, True, True)
     assert len(both) == 8 and {"local": True, "hooked": True, "packed": True} in both
-    assert _api._precompile_features(bwd, True, True) == \
-        _api._precompile_features(bwd, True, False)
+    assert _api._precompile_features(bwd, True, True) == both
     assert _api._precompile_features(fa1, True, True) == [{}]
 
 
-def test_backward_varlen_runs_each_sequence_on_its_rows(fake):
-    """backward_varlen: one dense backward per sequence with queries and keys, on views of
-    the packed arrays at each sequence's first row (no launch for the empty ones), L gathered
-    per sequence; dq, dk, dv zeroed first (keys no query sees keep zero gradients)."""
+def test_backward_varlen_runs_the_packed_kernels(fake):
+    """backward_varlen: one launch set of the PackedSeq backward kernels over the whole batch:
+    the grid over the longest entry's column blocks, the kv heads (one part: no float32
+    slices) and the entries; seqlen_q / seqlen_k the longest lengths, the cu_seqlens copies'
+    addresses and total_q; D laid out as L, (heads, total_q)."""
     lens_q, lens_k = [5, 0, 300, 7], [9, 4, 250, 0]
     q, k, v, cu_q, cu_k = _packed_qkv(lens_q, lens_k)
     dout = FakeArray(np.ones(q.shape, np.float16))
     lse = FakeArray(np.zeros((4, q.shape[0]), np.float32))
     with _api.portable_kernels():
         dq, dk, dv = _api.backward_varlen(dout, q, k, v, dout, lse, cu_q, cu_k, causal=True)
+    (pre, _, _, _, pp), (main, grid, _, _, p), (fin, _, _, _, _) = fake
+    cfg = _plan.backward_config(64, 227 * 1024, True, packed=True)  # (bwd_packed's tile)
+    assert pre == _plan.backward_preprocess_name("float16", packed=True)
+    assert main == _plan.backward_kernel_name("float16", cfg, True, packed=True)
+    assert fin == _plan.backward_dq_name("float16", cfg, True, packed=True)
+    assert main.endswith("cuflash::ScoreScale, cuflash::PackedSeq>")
+    assert grid == (-(-250 // cfg.B_c), 2, 4)
+    assert (p["seqlen_q"], p["seqlen_k"], p["total_q"], p["head_parts"]) == (300, 250, 312, 1)
+    assert p["cu_seqlens_q"] != 0 and p["cu_seqlens_k"] != 0 and p["deterministic"] == 0
+    assert (p["q"], p["k"], p["dq"]) == (q.data.ptr, k.data.ptr, dq.data.ptr)
+    assert pp["dsum"] == p["dsum"]
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+
+
+def test_backward_varlen_deterministic_runs_each_sequence_on_its_rows(fake):
+    """deterministic=True: one dense deterministic backward per sequence with queries and
+    keys, on views of the packed arrays at each sequence's first row (no launch for the empty
+    ones), L gathered per sequence; dq, dk, dv zeroed first (keys no query sees keep zero
+    gradients)."""
+    lens_q, lens_k = [5, 0, 300, 7], [9, 4, 250, 0]
+    q, k, v, cu_q, cu_k = _packed_qkv(lens_q, lens_k)
+    dout = FakeArray(np.ones(q.shape, np.float16))
+    lse = FakeArray(np.zeros((4, q.shape[0]), np.float32))
+    with _api.portable_kernels():
+        dq, dk, dv = _api.backward_varlen(dout, q, k, v, dout, lse, cu_q, cu_k, causal=True,
+                                          deterministic=True)
     mains = [p for name, _, _, _, p in fake if name.startswith("cuflash::fa2_backward<")]
     assert [(p["seqlen_q"], p["seqlen_k"]) for p in mains] == [(5, 9), (300, 250)]
+    assert all(p["deterministic"] == 1 for p in mains)
     row = 4 * 64 * 2  # bytes per packed query row (4 heads, d 64, fp16)
     assert [p["q"] - q.data.ptr for p in mains] == [0, 5 * row]
     assert [p["k"] - k.data.ptr for p in mains] == [0, 13 * (2 * 64 * 2)]
