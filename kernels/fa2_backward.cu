@@ -67,7 +67,9 @@
 // block i + 1 loads during step i: with 2, Q, L, D from its start and dO after dV_j += P_ij^T
 // dO_i; with 1, all of it after dK_j += dS_ij^T Q_i, during the dQ product),
 // DQ_BULK, CAUSAL, ORDERED, ScoreT, SeqT (DenseSeq | PackedSeq, seqinfo.cuh: variable-length
-// batches, without the ordered mode). cuflash/_plan.py picks them per head dim and GPU.
+// batches, without the ordered mode); the tile wrapped in OddD<...> (common.cuh) where d is not
+// a multiple of 8 (element-wise loads and stores). cuflash/_plan.py picks them per head dim and
+// GPU.
 #include "common.cuh"
 #include "params.cuh"
 #include "seqinfo.cuh"
