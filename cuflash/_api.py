@@ -986,7 +986,8 @@ def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
         grads = _backward(*one, lse, causal, softmax_scale, False,
                           *(None if x is None else x[None] for x in (dq, dk, dv)), None,
                           window_size, softcap, alibi_slopes, packed)
-        return tuple(g[0] for g in grads)
+        # the given arrays themselves (grads hold views of them, one entry long)
+        return tuple(g[0] if x is None else x for g, x in zip(grads, (dq, dk, dv)))
     grads = []
     for name, x, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         if x is None:
