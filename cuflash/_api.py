@@ -244,11 +244,12 @@ def _check_flag(name: str, value) -> bool:
     raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
-def _odd_d_features(upper: bool, local: bool, left: int, right: int, hooked: bool,
-                    seqlen_q: int, seqlen_k: int) -> tuple:
+def _odd_d_features(upper: bool, local: bool, left: int, right: int, seqlen_q: int,
+                    seqlen_k: int) -> tuple:
     """(local, left, right, hooked) for a head dim that is not a multiple of 8: its kernels
     (OddD tiles) always have the window and the hook, so a call without a window gets sides
-    past every key (causal: right = 0) and one without the hook its defaults (off)."""
+    past every key (causal: right = 0), and the hook is always on (a call without softcap and
+    ALiBi passes their defaults, which turn them off)."""
     if not local:
         left = right = seqlen_q + seqlen_k
         if upper:
@@ -337,8 +338,8 @@ def _call_features(cupy, causal, window_size, softcap, alibi_slopes, q, batch, s
             raise ValueError(f"algorithm='fa1' needs a head dim that is a multiple of 8 (got "
                              f"{d}); algorithm='fa2' takes any head dim from 1 to "
                              f"{_plan.MAX_HEAD_DIM}")
-        local, left, right, hooked = _odd_d_features(upper, local, left, right, hooked,
-                                                     seqlen_q, seqlen_k)
+        local, left, right, hooked = _odd_d_features(upper, local, left, right, seqlen_q,
+                                                     seqlen_k)
     fields = dict(window_left=left, window_right=right, alibi_slopes=slopes,
                   alibi_stride_b=slopes_b, **_softcap_fields(cap, scale)) \
         if local or hooked else {}

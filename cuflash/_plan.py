@@ -429,7 +429,10 @@ def _table() -> dict:
     put("sm80", "bwd_hook", 64, None, [_b(64, 64, 64, 8, 4, 2, 2, 1, 0)])
     put("sm80", "bwd_hook", 96, None, [_b(96, 64, 64, 8, 4, 4, 4, 1, 0)])
     put("sm90", "bwd_hook", 32, None, [_b(32, 64, 128, 8, 4, 4, 4, 1, dq) for dq in (2, 1, 0)])
-    put("sm90", "bwd_hook", 64, None, [_b(64, 64, 64, 8, 4, 2, 2, 1, dq) for dq in (2, 1, 0)])
+    # (d 64, sm90: 64x128 with 4/4/4 warps, measured with the hook against 64x64 and four
+    # 128x64 layouts (issue 19, third round, n 2k and 8k): 1.24-1.33x faster than 64x64,
+    # 1.00-1.06x than the best 128x64)
+    put("sm90", "bwd_hook", 64, None, [_b(64, 64, 128, 8, 4, 4, 4, 1, dq) for dq in (1, 2)])
     put("sm90", "bwd_hook", 96, None, [_b(96, 64, 64, 8, 4, 4, 4, 1, dq) for dq in (2, 1, 0)])
     # bwd_packed, bwd_packed_hook: over a variable-length batch (PackedSeq: the entry's lengths
     # and offsets take registers of their own), where the usual tile spills: d 64's 4/4/4
@@ -437,6 +440,8 @@ def _table() -> dict:
     # bytes). Chosen for zero spills, not yet measured.
     put("sm90", "bwd_packed", 64, None, bulk[64][1:] + atomics[64])
     put("sm90", "bwd_packed_hook", 128, None, bulk[128][4:] + atomics[128][2:])
+    # (d 64: bwd_hook's 64x128 spills there, fp16 causal with a window: the 64x64 it replaced)
+    put("sm90", "bwd_packed_hook", 64, None, [_b(64, 64, 64, 8, 4, 2, 2, 1, dq) for dq in (2, 1)])
     put("sm80", "bwd_packed", 64, None, atomics[64][2:])
     put("sm80", "bwd_packed_hook", 128, None, atomics[128][2:])
 
@@ -472,16 +477,21 @@ def _table() -> dict:
     put("sm90a", "fwd_short", 128, None, [_h(128, 128, 2)])
     put("sm90a", "fwd_short", 256, None, [_h(256, 64, 2)])
     # fwd_feat: with the score hook or a sliding window, the three-warpgroup d 64 tile spills
-    # (its 160 registers hold no more); the two-warpgroup short tile takes every length.
-    put("sm90a", "fwd_feat", 64, None, [_h(64, 128, 4)])
+    # at B_c 128 (its 160 registers hold no more); B_c 112 fits, and measured against the
+    # two-warpgroup short tile with the hook (issue 19, third round): non-causal 1.11-1.19x
+    # faster (n 2k, 8k), causal 0.90x at n 2k and 1.04x at 8k, so causal keeps the short tile.
+    put("sm90a", "fwd_feat", 64, False, [_h(64, 112, 3, consumers=3)])
+    put("sm90a", "fwd_feat", 64, True, [_h(64, 128, 4)])
     # fwd_local_hooked: a window and the hook in one kernel; d 128's 128x176 spills there
     # causal (4 bytes, the hook's two loop variants, score.cuh apply_fragment).
     put("sm90a", "fwd_local_hooked", 128, True, [_h(128, 128, 2, lazy=True)])
     # fwd_packed: over a variable-length batch the entry's lengths and offsets take registers
-    # of their own: d 128's 128x176 spills (4-8 bytes), and d 64's three consumers (8 bytes):
-    # 128x128 for both (d 128 with the lazy rescale, which fits there).
+    # of their own: d 128's 128x176 spills (4-8 bytes): 128x128 with the lazy rescale, which
+    # fits there.
     put("sm90a", "fwd_packed", 128, None, [_h(128, 128, 2, lazy=True)])
-    put("sm90a", "fwd_packed", 64, None, [_h(64, 128, 4)])
+    # d 64 (third round): three consumers at B_c 112 fit spill-free, and measured 1.08x (non-
+    # causal) and 1.04x (causal) the two-consumer 128x128 on varlen_bench's mix (B_c 96: 1.05x).
+    put("sm90a", "fwd_packed", 64, None, [_h(64, 112, 3, consumers=3)])
     # and with the tile scheduler's ring (the tiles taken in turn), d 256's 128x80 spills in the
     # consumers (60 bytes, causal): 128x64, the short-key tile, which the entries of a
     # variable-length batch mostly are.

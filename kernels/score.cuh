@@ -8,7 +8,10 @@
 //               indices: S -> softcap tanh(scale S / softcap) (softcap > 0), then
 //               S -> S - slope |row + seqlen_k - seqlen_q - col| (ALiBi slopes given). It keeps
 //               its result in S's unscaled units (divided by the scale), so that the softmax's
-//               exponent and L = m lse_scale + log l stay as they are. Both features are
+//               exponent and L = m lse_scale + log l stay as they are. (Keeping it in units of
+//               softcap / scale instead saves a multiply per element, but the scales then take
+//               registers of their own, not the parameters' constant bank: the d 128 forward
+//               and four backward tiles spilled.) Both features are
 //               runtime parameters of the one hooked kernel (a kernel per combination would
 //               double the compiled specialisations again); the plain path keeps ScoreScale.
 // The backward needs the hook's derivative for dS: apply(s, dist, dfactor) also gives
@@ -76,6 +79,17 @@ struct ScoreHook {
                                               int seqlen_k) const {
         return static_cast<float>(row + seqlen_k - seqlen_q - col);
     }
+    // The two formulas, each in one place (S and the result in S's units):
+    //   softcap: tanh(scale S / softcap) (cap_in = p.softcap_in = scale / softcap), which the
+    //            caller multiplies by softcap / scale (p.softcap_out)
+    __device__ static __forceinline__ float softcap_tanh(float s, float cap_in) {
+        return tanh_approx(s * cap_in);
+    }
+    //   ALiBi:   S - slope |i + seqlen_k - seqlen_q - j|, given that distance
+    __device__ __forceinline__ float alibi(float s, float dist) const {
+        return fmaf(-slope, fabsf(dist), s);
+    }
+
     // The hooked score of S at diagonal distance `dist`, in S's units, and its derivative with
     // respect to S (dfactor: 1 - tanh^2 with the softcap, else 1).
     template <class Params>
@@ -83,11 +97,11 @@ struct ScoreHook {
                                            float& dfactor) const {
         dfactor = 1.f;
         if (p.softcap_in != 0.f) {  // (uniform: every lane of the kernel takes the same way)
-            const float t = tanh_approx(s * p.softcap_in);
+            const float t = softcap_tanh(s, p.softcap_in);
             s = p.softcap_out * t;
             dfactor = 1.f - t * t;
         }
-        return fmaf(-slope, fabsf(dist), s);  // S - slope |i + seqlen_k - seqlen_q - j|
+        return alibi(s, dist);  // (a slope of 0: S itself)
     }
     template <class Params>
     __device__ __forceinline__ float apply(const Params& p, float s, float dist) const {
@@ -97,20 +111,20 @@ struct ScoreHook {
 
     // The forward's hook over a fragment of S: NT n8 tiles of the mma accumulator layout
     // (element e of tile nt at row e / 2, column 8 nt + e % 2 of the lane's), dist[e / 2] the
-    // diagonal distance at the lane's first column. Which features are on is tested once, not
-    // per element, so that each variant's loop is one straight run the scheduler interleaves
-    // (a test per element measured the forward 1.4-1.9x the plain kernel's time).
+    // diagonal distance at the lane's first column. Whether the softcap is on is tested once,
+    // not per element, so that each variant's loop is one straight run the scheduler
+    // interleaves (a test per element measured the forward 1.4-1.9x the plain kernel's time).
     template <class Params, int NT>
     __device__ __forceinline__ void apply_fragment(const Params& p, float (&s)[NT][4],
                                                    const float (&dist)[2]) const {
-        if (p.softcap_in != 0.f)  // (ALiBi's term too: a slope of 0 adds nothing)
-            fragment<true, true>(p, s, dist);
+        if (p.softcap_in != 0.f)  // (ALiBi's term in both: a slope of 0 adds nothing)
+            fragment<true>(p, s, dist);
         else
-            fragment<false, true>(p, s, dist);
+            fragment<false>(p, s, dist);
     }
 
   private:
-    template <bool SOFTCAP, bool ALIBI, class Params, int NT>
+    template <bool SOFTCAP, class Params, int NT>
     __device__ __forceinline__ void fragment(const Params& p, float (&s)[NT][4],
                                              const float (&dist)[2]) const {
         const float cap_in = p.softcap_in, cap_out = p.softcap_out;
@@ -118,11 +132,8 @@ struct ScoreHook {
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                float x = s[nt][e];
-                if (SOFTCAP) x = cap_out * tanh_approx(x * cap_in);
-                if (ALIBI)  // S - slope |i + seqlen_k - seqlen_q - j|
-                    x = fmaf(-slope, fabsf(dist[e / 2] - static_cast<float>(nt * 8 + e % 2)), x);
-                s[nt][e] = x;
+                const float x = SOFTCAP ? cap_out * softcap_tanh(s[nt][e], cap_in) : s[nt][e];
+                s[nt][e] = alibi(x, dist[e / 2] - static_cast<float>(nt * 8 + e % 2));
             }
     }
 };

@@ -68,9 +68,9 @@ def test_any_head_dim_from_1_to_256(d):
 def test_odd_head_dim_turns_on_the_window_and_the_hook():
     """The OddD kernels have the window and the hook always: a call without them gets sides
     past every key (causal: right = 0) and the hook's defaults."""
-    assert _api._odd_d_features(False, False, 0, 0, False, 100, 300) == (True, 400, 400, True)
-    assert _api._odd_d_features(True, False, 0, 0, False, 100, 300) == (True, 400, 0, True)
-    assert _api._odd_d_features(True, True, 16, 0, False, 100, 300) == (True, 16, 0, True)
+    assert _api._odd_d_features(False, False, 0, 0, 100, 300) == (True, 400, 400, True)
+    assert _api._odd_d_features(True, False, 0, 0, 100, 300) == (True, 400, 0, True)
+    assert _api._odd_d_features(True, True, 16, 0, 100, 300) == (True, 16, 0, True)
 
 
 def test_shape_mismatches():
