@@ -29,6 +29,11 @@ forward and backward functions:
   after the softcap.
 * Variable length: :func:`attention_naive_varlen` and :func:`attention_backward_naive_varlen`
   on packed (total_tokens, heads, d) arrays with cumulative sequence lengths.
+
+KV-cache decoding: :func:`attention_kvcache_naive` (the ground truth: append, then attend to
+each entry's cached keys, contiguous or paged through a block table) and
+:func:`attention_kvcache_split` (the split-KV decode as the kernels run it: query heads packed
+by KV head, the key range split into :func:`kvcache_splits`, partial O and L combined exactly).
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ __all__ = ["attention_naive", "attention_naive_same_dtype", "attention_fa2_tiled
            "attention_backward_fa2_tiled", "attention_fa1_tiled", "SeqInfo", "seq_info",
            "Mask", "row_blocks", "block_needs_mask", "column_blocks", "causal_mask",
            "ColumnBlocks", "Score", "attention_naive_varlen", "attention_backward_naive_varlen",
-           "check_cu_seqlens"]
+           "check_cu_seqlens", "attention_kvcache_naive", "attention_kvcache_split",
+           "kvcache_append", "kvcache_splits", "num_splits_for", "cache_rows", "check_kvcache",
+           "cache_capacity"]
 
 
 def _xp(x):
@@ -682,3 +689,183 @@ def attention_fa1_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
     with np.errstate(divide="ignore"):
         L = np.where(l != 0, m + np.log(np.where(l != 0, l, 1.0)), -np.inf)
     return O.transpose(0, 2, 1, 3), L
+
+
+# ---------------------------------------------------------------------------------------------
+# KV-cache decoding (forward_kvcache): paged caches, in-place append, split-KV
+# ---------------------------------------------------------------------------------------------
+
+def cache_capacity(k_cache, block_table=None) -> int:
+    """How many key rows one batch entry's cache holds: the contiguous cache's second
+    dimension, or the paged cache's page size times the block table's pages per entry."""
+    if block_table is None:
+        return k_cache.shape[1]
+    return k_cache.shape[1] * np.asarray(block_table).shape[1]
+
+
+def check_kvcache(k_cache, cache_seqlens, seqlen_new: int, batch: int, block_table=None):
+    """cache_seqlens as an int64 array (batch,), checked against the cache: each entry's
+    cached keys plus the seqlen_new appended ones must fit its capacity; a block table's
+    entries must name pages of the cache (those an entry uses). ValueError otherwise."""
+    c = np.asarray(cache_seqlens)
+    if c.ndim == 0:
+        c = np.full(batch, int(c))
+    if c.shape != (batch,) or not np.issubdtype(c.dtype, np.integer):
+        raise ValueError(f"cache_seqlens must be an integer or {batch} integers, got "
+                         f"{c.dtype} shape {c.shape}")
+    c = c.astype(np.int64)
+    cap = cache_capacity(k_cache, block_table)
+    if (c < 0).any() or (c + seqlen_new > cap).any():
+        raise ValueError(f"cache_seqlens plus the {seqlen_new} appended keys must lie in "
+                         f"0..{cap} (the cache's capacity), got {c.tolist()}")
+    if block_table is not None:
+        bt = np.asarray(block_table)
+        page = k_cache.shape[1]
+        for b in range(batch):
+            used = bt[b, :-(-int(c[b] + seqlen_new) // page)]
+            if ((used < 0) | (used >= k_cache.shape[0])).any():
+                raise ValueError(f"block_table[{b}] names pages outside 0..{k_cache.shape[0] - 1}"
+                                 f": {used.tolist()}")
+    return c
+
+
+def cache_rows(cache, b: int, n: int, block_table=None):
+    """Logical key rows 0..n-1 of batch entry b, (n, heads_k, d): cache[b, :n] for a
+    contiguous cache (batch, capacity, heads_k, d); for a paged one (num_pages, page_size,
+    heads_k, d), row j is in page block_table[b, j // page_size] at j % page_size."""
+    if block_table is None:
+        return cache[b, :n]
+    page = cache.shape[1]
+    j = np.arange(n)
+    return cache[np.asarray(block_table)[b, j // page], j % page]
+
+
+def kvcache_append(k_cache, v_cache, cache_seqlens, k, v, block_table=None):
+    """Copies of the caches with k, v (batch, seqlen_new, heads_k, d) written at rows
+    cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 of each entry (through the block
+    table when paged): what forward_kvcache does in place before attending."""
+    kc, vc = np.array(k_cache), np.array(v_cache)
+    c = check_kvcache(kc, cache_seqlens, k.shape[1], k.shape[0], block_table)
+    for b in range(k.shape[0]):
+        j = c[b] + np.arange(k.shape[1])
+        if block_table is None:
+            kc[b, j], vc[b, j] = k[b], v[b]
+        else:
+            page = kc.shape[1]
+            at = (np.asarray(block_table)[b, j // page], j % page)
+            kc[at], vc[at] = k[b], v[b]
+    return kc, vc
+
+
+def attention_kvcache_naive(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None,
+                            block_table=None, causal=False, softmax_scale=None,
+                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """Decoding against a KV cache, in float64: k, v (if given) appended first
+    (kvcache_append), then entry b's queries q[b] (seqlen_q, nheads, d) attend to its first
+    cache_seqlens[b] + seqlen_new keys, masks aligned bottom-right on that length (the new
+    queries are the last positions). Returns (O, L) as attention_naive does."""
+    batch, seqlen_q, nheads, d = q.shape
+    new = 0 if k is None else k.shape[1]
+    if k is not None:
+        k_cache, v_cache = kvcache_append(k_cache, v_cache, cache_seqlens, k, v, block_table)
+    c = check_kvcache(k_cache, cache_seqlens, new, batch, block_table)
+    O = np.zeros((batch, seqlen_q, nheads, d))
+    L = np.zeros((batch, nheads, seqlen_q))
+    for b in range(batch):
+        n = int(c[b]) + new
+        K, V = (cache_rows(x, b, n, block_table)[None] for x in (k_cache, v_cache))
+        O[b], L[b] = (x[0] for x in attention_naive(
+            q[b:b + 1], K, V, causal, softmax_scale, window_size=window_size, softcap=softcap,
+            alibi_slopes=_slopes_of(alibi_slopes, b)))
+    return O, L
+
+
+def kvcache_splits(seqlen_k: int, B_c: int, num_splits: int) -> list:
+    """The column blocks [begin, end) each of num_splits thread blocks takes of a key range of
+    seqlen_k: ceil(T_c / num_splits) blocks each, in order, so the last splits may be empty
+    (begin >= end) when the range is short."""
+    T_c = -(-seqlen_k // B_c)
+    per = max(1, -(-T_c // num_splits))
+    return [(min(s * per, T_c), min((s + 1) * per, T_c)) for s in range(num_splits)]
+
+
+def num_splits_for(batch: int, heads_k: int, row_tiles: int, seqlen_k: int, num_sms: int,
+                   B_c: int, max_splits: int = 64) -> int:
+    """How many splits of the key range fill a GPU of num_sms SMs: 1 when batch x heads_k x
+    row_tiles thread blocks already make most of a wave; else the fewest splits within 5% of
+    the best wave efficiency (thread blocks / (waves x SMs)), at most one split per two column
+    blocks (each split should stream a few blocks) and at most max_splits."""
+    tiles = batch * heads_k * row_tiles
+    if tiles >= 0.8 * num_sms:
+        return 1
+    T_c = -(-seqlen_k // B_c)
+    top = max(1, min(max_splits, T_c // 2))
+
+    def efficiency(s):
+        n = tiles * s
+        return n / (-(-n // num_sms) * num_sms)
+
+    best = max(efficiency(s) for s in range(1, top + 1))
+    return next(s for s in range(1, top + 1) if efficiency(s) >= 0.95 * best)
+
+
+def attention_kvcache_split(q, k_cache, v_cache, cache_seqlens, *, num_splits: int, B_c=64,
+                            k=None, v=None, block_table=None, causal=False, softmax_scale=None,
+                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """Split-KV decoding as the kernels run it (FlashDecoding), in float64. The G = nheads /
+    heads_k query heads of a KV head are packed into the rows of one tile (row r = g seqlen_q
+    + i holds query head hk G + g at position i), so K and V are read once per KV head. Each
+    split takes its column blocks (kvcache_splits) and gives, per row, a partial
+    O_s = softmax over its keys times V and L_s = m_s + log l_s (O_s = 0, L_s = -inf where the
+    row sees none of its keys); the combine is exact:
+        L = log sum_s e^(L_s),   O = sum_s e^(L_s - L) O_s.
+    Returns (O, L) as attention_kvcache_naive does."""
+    batch, seqlen_q, nheads, d = q.shape
+    nheads_k = k_cache.shape[2]
+    G = nheads // nheads_k
+    new = 0 if k is None else k.shape[1]
+    if k is not None:
+        k_cache, v_cache = kvcache_append(k_cache, v_cache, cache_seqlens, k, v, block_table)
+    c = check_kvcache(k_cache, cache_seqlens, new, batch, block_table)
+    O = np.zeros((batch, seqlen_q, nheads, d))
+    L = np.zeros((batch, nheads, seqlen_q))
+    for b in range(batch):
+        n = int(c[b]) + new
+        mask, score = _features(d, softmax_scale, causal, seqlen_q, n, window_size, softcap,
+                                _slopes_of(alibi_slopes, b))
+        visible = mask.visible()                                     # (seqlen_q, n)
+        K_all, V_all = (np.asarray(cache_rows(x, b, n, block_table), dtype=np.float64)
+                        for x in (k_cache, v_cache))
+        for hk in range(nheads_k):
+            heads = hk * G + np.arange(G)
+            Q = np.asarray(q[b][:, heads], dtype=np.float64).transpose(1, 0, 2)  # (G, sq, d)
+            group_score = Score(score.scale, score.softcap, None if score.alibi_slopes is None
+                                else np.asarray(score.alibi_slopes)[heads])
+            O_s, L_s = [], []
+            for begin, end in kvcache_splits(n, B_c, num_splits):
+                cols = np.arange(begin * B_c, min(end * B_c, n))
+                S_raw = Q @ K_all[cols, hk].T                                # (G, sq, keys)
+                S = group_score.apply(np, S_raw[None], np.arange(seqlen_q), cols, seqlen_q, n)
+                S = np.where(visible[None, None, :, cols], S, -np.inf)[0]    # (G, sq, keys)
+                m = S.max(axis=-1, initial=-np.inf)
+                seen = np.isfinite(m)
+                m_safe = np.where(seen, m, 0.0)
+                P = np.exp(S - m_safe[..., None])
+                l_split = P.sum(axis=-1)
+                O_s.append(np.where(seen[..., None], (P @ V_all[cols, hk]) /
+                                    np.where(seen, l_split, 1.0)[..., None], 0.0))
+                with np.errstate(divide="ignore"):
+                    L_s.append(np.where(seen, m_safe + np.log(np.where(seen, l_split, 1.0)),
+                                        -np.inf))
+            L_s, O_s = np.stack(L_s), np.stack(O_s)                  # (splits, G, sq[, d])
+            top = L_s.max(axis=0)
+            top_safe = np.where(np.isfinite(top), top, 0.0)
+            w = np.exp(L_s - top_safe)                               # e^(L_s - max L_s)
+            total = w.sum(axis=0)
+            with np.errstate(divide="ignore"):
+                L_hk = np.where(total > 0, top_safe + np.log(np.where(total > 0, total, 1.0)),
+                                -np.inf)                             # L = log sum e^(L_s)
+            O_hk = (w[..., None] * O_s).sum(axis=0) / np.where(total > 0, total, 1.0)[..., None]
+            O[b][:, heads] = O_hk.transpose(1, 0, 2)                 # O = sum e^(L_s - L) O_s
+            L[b][heads] = L_hk
+    return O, L
