@@ -765,19 +765,25 @@ def attention_kvcache_naive(q, k_cache, v_cache, cache_seqlens, *, k=None, v=Non
     cache_seqlens[b] + seqlen_new keys, masks aligned bottom-right on that length (the new
     queries are the last positions). Returns (O, L) as attention_naive does."""
     batch, seqlen_q, nheads, d = q.shape
+    O = np.zeros((batch, seqlen_q, nheads, d))
+    L = np.zeros((batch, nheads, seqlen_q))
+    for b, K, V in _kvcache_entries(q, k_cache, v_cache, cache_seqlens, k, v, block_table):
+        O[b], L[b] = (x[0] for x in attention_naive(
+            q[b:b + 1], K[None], V[None], causal, softmax_scale, window_size=window_size,
+            softcap=softcap, alibi_slopes=_slopes_of(alibi_slopes, b)))
+    return O, L
+
+
+def _kvcache_entries(q, k_cache, v_cache, cache_seqlens, k, v, block_table):
+    """(b, K_b, V_b) for each batch entry: its keys and values after the append of k, v (if
+    given), K_b (cache_seqlens[b] + seqlen_new, heads_k, d)."""
     new = 0 if k is None else k.shape[1]
     if k is not None:
         k_cache, v_cache = kvcache_append(k_cache, v_cache, cache_seqlens, k, v, block_table)
-    c = check_kvcache(k_cache, cache_seqlens, new, batch, block_table)
-    O = np.zeros((batch, seqlen_q, nheads, d))
-    L = np.zeros((batch, nheads, seqlen_q))
-    for b in range(batch):
+    c = check_kvcache(k_cache, cache_seqlens, new, q.shape[0], block_table)
+    for b in range(q.shape[0]):
         n = int(c[b]) + new
-        K, V = (cache_rows(x, b, n, block_table)[None] for x in (k_cache, v_cache))
-        O[b], L[b] = (x[0] for x in attention_naive(
-            q[b:b + 1], K, V, causal, softmax_scale, window_size=window_size, softcap=softcap,
-            alibi_slopes=_slopes_of(alibi_slopes, b)))
-    return O, L
+        yield b, cache_rows(k_cache, b, n, block_table), cache_rows(v_cache, b, n, block_table)
 
 
 def kvcache_splits(seqlen_k: int, B_c: int, num_splits: int) -> list:
@@ -823,19 +829,15 @@ def attention_kvcache_split(q, k_cache, v_cache, cache_seqlens, *, num_splits: i
     batch, seqlen_q, nheads, d = q.shape
     nheads_k = k_cache.shape[2]
     G = nheads // nheads_k
-    new = 0 if k is None else k.shape[1]
-    if k is not None:
-        k_cache, v_cache = kvcache_append(k_cache, v_cache, cache_seqlens, k, v, block_table)
-    c = check_kvcache(k_cache, cache_seqlens, new, batch, block_table)
     O = np.zeros((batch, seqlen_q, nheads, d))
     L = np.zeros((batch, nheads, seqlen_q))
-    for b in range(batch):
-        n = int(c[b]) + new
+    for b, K_all, V_all in _kvcache_entries(q, k_cache, v_cache, cache_seqlens, k, v,
+                                            block_table):
+        n = K_all.shape[0]
+        K_all, V_all = (np.asarray(x, dtype=np.float64) for x in (K_all, V_all))
         mask, score = _features(d, softmax_scale, causal, seqlen_q, n, window_size, softcap,
                                 _slopes_of(alibi_slopes, b))
         visible = mask.visible()                                     # (seqlen_q, n)
-        K_all, V_all = (np.asarray(cache_rows(x, b, n, block_table), dtype=np.float64)
-                        for x in (k_cache, v_cache))
         for hk in range(nheads_k):
             heads = hk * G + np.arange(G)
             Q = np.asarray(q[b][:, heads], dtype=np.float64).transpose(1, 0, 2)  # (G, sq, d)
