@@ -979,16 +979,16 @@ def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
         raise ValueError(f"lse must be float32 of shape (heads, total_q) = "
                          f"{(q.shape[1], q.shape[0])}, as forward_varlen returns it, got "
                          f"{lse.dtype} {tuple(lse.shape)}")
-    if alibi_slopes is not None:  # (checked against the packed batch once, here)
-        _hook(cupy, softcap, alibi_slopes, q[None], packed.batch)
     deterministic = _check_flag("deterministic", deterministic)
-    if not deterministic:  # the packed kernels, one launch set
+    if not deterministic:  # the packed kernels, one launch set (they check the options)
         one = [x[None] for x in (dout, q, k, v, out)]
         grads = _backward(*one, lse, causal, softmax_scale, False,
                           *(None if x is None else x[None] for x in (dq, dk, dv)), None,
                           window_size, softcap, alibi_slopes, packed)
         # the given arrays themselves (grads hold views of them, one entry long)
         return tuple(g[0] if x is None else x for g, x in zip(grads, (dq, dk, dv)))
+    if alibi_slopes is not None:  # (checked against the packed batch once, before the loop)
+        _hook(cupy, softcap, alibi_slopes, q[None], packed.batch)
     grads = []
     for name, x, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         if x is None:

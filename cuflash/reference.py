@@ -849,16 +849,12 @@ def attention_kvcache_split(q, k_cache, v_cache, cache_seqlens, *, num_splits: i
                 S_raw = Q @ K_all[cols, hk].T                                # (G, sq, keys)
                 S = group_score.apply(np, S_raw[None], np.arange(seqlen_q), cols, seqlen_q, n)
                 S = np.where(visible[None, None, :, cols], S, -np.inf)[0]    # (G, sq, keys)
-                m = S.max(axis=-1, initial=-np.inf)
-                seen = np.isfinite(m)
-                m_safe = np.where(seen, m, 0.0)
-                P = np.exp(S - m_safe[..., None])
-                l_split = P.sum(axis=-1)
-                O_s.append(np.where(seen[..., None], (P @ V_all[cols, hk]) /
-                                    np.where(seen, l_split, 1.0)[..., None], 0.0))
+                P, m, l_split = _softmax_rows(np, S)  # over this split's keys; 0 if none
+                O_s.append(P @ V_all[cols, hk])
                 with np.errstate(divide="ignore"):
-                    L_s.append(np.where(seen, m_safe + np.log(np.where(seen, l_split, 1.0)),
-                                        -np.inf))
+                    L_s.append(np.where(l_split != 0, m + np.log(np.where(l_split != 0,
+                                                                          l_split, 1.0)),
+                                        -np.inf)[..., 0])
             L_s, O_s = np.stack(L_s), np.stack(O_s)                  # (splits, G, sq[, d])
             top = L_s.max(axis=0)
             top_safe = np.where(np.isfinite(top), top, 0.0)
