@@ -1012,6 +1012,24 @@ def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     return dq, dk, dv
 
 
+def _packed_dq_workspace(cupy, packed, cfg, nheads: int, total_q: int) -> tuple:
+    """(dq_accum, fields) of a packed batch's backward: float32 dQ sums for the entries' own
+    rows, zeroed. With dQ atomics, (heads, total_q, HD) rows; with bulk dQ, whole row blocks:
+    (heads, ws_blocks) blocks of B_r x HD, entry b's from row_block_offsets[b], the prefix sum
+    of ceil(len / B_r) over the entries before it (computed on the GPU from cu_seqlens_q, no
+    synchronisation; ws_blocks = ceil(total_q / B_r) + batch bounds their total)."""
+    if not cfg.dq_bulk:
+        return cupy.zeros((nheads, total_q, cfg.HD), dtype=cupy.float32), {}
+    cu_q = packed.arrays[0]
+    blocks = (cu_q[1:] - cu_q[:-1] + (cfg.B_r - 1)) // cfg.B_r
+    offsets = cupy.zeros(packed.batch + 1, dtype=cupy.int32)
+    offsets[1:] = cupy.cumsum(blocks)
+    ws_blocks = -(-total_q // cfg.B_r) + packed.batch
+    dq_accum = cupy.zeros((nheads, ws_blocks * cfg.B_r, cfg.HD), dtype=cupy.float32)
+    packed.workspace = offsets  # (kept alive until the launches are queued)
+    return dq_accum, {"row_block_offsets": offsets.data.ptr, "ws_blocks": ws_blocks}
+
+
 def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq, dk, dv,
               config, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, packed=None):
     """backward(), with an explicit tile shape (`config`, a _plan.BackwardConfig or None for
@@ -1104,7 +1122,11 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         parts = 1 if packed is not None else \
             _registry.head_parts(group, (splits if split else T_c) * nheads_k * batch, sms)
         alloc = cupy.empty if ordered else cupy.zeros
-        dq_accum = alloc((splits, batch, nheads, rows, cfg.HD), dtype=cupy.float32)
+        if packed is None:
+            dq_accum = alloc((splits, batch, nheads, rows, cfg.HD), dtype=cupy.float32)
+        else:  # compact (fa2_backward.cu): the entries' own rows, not the padded batch's
+            dq_accum, ws = _packed_dq_workspace(cupy, packed, cfg, nheads, total_q)
+            fields = {**fields, **ws}
         # ordered: turn counters (batch, heads, T_r), then one ticket counter per (batch, kv
         # head part) (fa2_backward.cu, "Deterministic mode")
         dq_order = cupy.zeros(batch * nheads * T_r + batch * nheads_k * parts,

@@ -200,6 +200,11 @@ BWD = Struct("BwdParams", "Backward kernels (fa2_backward.cu).", [
     *_WINDOW,
     *_HOOK,
     *_PACKED,  # (last: the int fields above keep their offsets, see the note above)
+    # Packed batches' dQ workspace, compact: (heads, total_q, hd) rows with dQ atomics; with
+    # bulk dQ, (heads, ws_blocks) row blocks of B_r rows, entry b's from row_block_offsets[b].
+    Field("row_block_offsets", "ptr", "packed, bulk dQ: each entry's first row block in "
+          "dQ_accum (batch + 1), int32", "const int*", 0),
+    Field("ws_blocks", "i32", "packed, bulk dQ: row blocks per head in dQ_accum", "", 0),
 ])
 
 STRUCTS = (FWD, BWD, SM90_FWD)

@@ -286,7 +286,8 @@ fa2_backward(const BwdParams p) {
     const int batch = by_head ? blockIdx.y : blockIdx.z, nbatch = by_head ? gridDim.y : gridDim.z;
     static_assert(!(SeqT::PACKED && ORDERED), "packed batches: no ordered mode");
     // This batch entry's lengths (seqinfo.cuh; packed: the entry's own, while p.seqlen_q, the
-    // longest entry's, sizes the grid and the dQ workspaces, `ws_rows` below).
+    // longest entry's, sizes the grid; dense: also the dQ workspaces, `ws_rows` below, which
+    // packed batches keep compact, row_block_index and dst0).
     const SeqInfo seq = SeqT::info(p, batch);
     const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
     const int ws_rows = p.seqlen_q;  // query rows per (batch, head) in dQ_accum and dQ_order
@@ -361,7 +362,10 @@ fa2_backward(const BwdParams p) {
     // 36 bytes, and the wait inside flush_dq, after the barrier, the fp16 d 128 causal one 8.)
     int dq_tile = 0;  // the tile this block's next dQ_ij goes to
     auto row_block_index = [&](int i) {  // (batch, head, row block i), flattened
-        return ((long long)batch * nheads + head) * ((ws_rows + B_r - 1) / B_r) + i;
+        if constexpr (SeqT::PACKED)  // (compact: (head, the entry's first row block + i))
+            return (long long)head * p.ws_blocks + p.row_block_offsets[batch] + i;
+        else
+            return ((long long)batch * nheads + head) * ((ws_rows + B_r - 1) / B_r) + i;
     };
     auto dq_rank = [&](int i, int j) {  // column block j's turn among those that see row block i
         return column_blocks<B_r, B_c>(MaskT(p, seqlen_q, seqlen_k), i).end - 1 - j;
@@ -624,8 +628,11 @@ fa2_backward(const BwdParams p) {
             const auto rd_q_b = rows_first(Int<PITCH>{}, sbase, q_n * Tile::Q_NW / 8);
             // atomics: this warp's first dQ column, in slice `split` of dQ_accum
             const long long split = !DQ_BULK && deterministic ? opaque(blockIdx.x) : 0;
+            // (packed: the compact workspace, (heads, total_q, HD), the entry's rows)
             float* dst0 = dQ_accum + q_n * Tile::Q_NW +
-                ((split * nbatch + opaque(batch)) * nheads + opaque(head)) * ws_rows * HD;
+                (SeqT::PACKED
+                     ? ((long long)opaque(head) * p.total_q + seq.start_q) * HD
+                     : ((split * nbatch + opaque(batch)) * nheads + opaque(head)) * ws_rows * HD);
 #pragma unroll
             for (int pass = 0; pass < Tile::DQ_PASSES; ++pass) {
                 float dq[Q_MT][DQ_PASS][4];
@@ -795,9 +802,9 @@ fa2_backward(const BwdParams p) {
 // One thread per 8 elements of a row; grid (ceil(seqlen_q * ceil(d / 8) / 128), heads, batch).
 // dQ_accum: (splits, batch, heads, seqlen_q, hd) with hd = p.dq_accum_cols, the main kernel's
 // head-dim bucket.
-// dQ: (batch, seqlen_q, heads, d) with strides (last dim contiguous). Packed batches: the
-// workspace and the grid as for the longest entry (p.seqlen_q rows), an entry's rows past its
-// own length skipped.
+// dQ: (batch, seqlen_q, heads, d) with strides (last dim contiguous). Packed batches: the grid
+// as for the longest entry (p.seqlen_q rows), an entry's rows past its own length skipped; the
+// workspace compact, (heads, total_q, hd).
 template <typename T, typename SeqT = DenseSeq>
 __global__ void __launch_bounds__(128)
 fa2_backward_dq(const BwdParams p) {
@@ -811,8 +818,10 @@ fa2_backward_dq(const BwdParams p) {
     const SeqInfo seq = SeqT::info(p, batch);
     if (SeqT::PACKED && row >= seq.seqlen_q) return;
     const long long slice = (long long)nbatch * nheads * seqlen_q * hd;
-    const float* src =
-        p.dq_accum + (((long long)batch * nheads + head) * seqlen_q + row) * hd + c * 8;
+    // (packed: the compact workspace, (heads, total_q, hd), one slice)
+    const float* src = p.dq_accum + c * 8 +
+        (SeqT::PACKED ? ((long long)head * p.total_q + seq.start_q + row) * hd
+                      : (((long long)batch * nheads + head) * seqlen_q + row) * hd);
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int s = 0; s < splits; ++s) {  // fixed order: deterministic
         const Float4 lo = *reinterpret_cast<const Float4*>(src + s * slice);
@@ -837,7 +846,8 @@ fa2_backward_dq(const BwdParams p) {
 // must match). One thread per 4 floats of a fragment (rows g and g + 8, two columns), read
 // grid (ceil(T_r * B_r * HD / 4 / 128), heads, batch). Deterministic mode (p.deterministic
 // = 1; dQ_accum not zeroed): row block i was written iff some column block sees it (n_i > 0).
-// Packed batches: the workspace and the grid as for the longest entry (p.seqlen_q rows).
+// Packed batches: the grid as for the longest entry (p.seqlen_q rows), the workspace compact:
+// (heads, p.ws_blocks) row blocks, entry b's from p.row_block_offsets[b].
 template <typename T, typename Tile, typename MaskT, typename SeqT = DenseSeq>
 __global__ void __launch_bounds__(128)
 fa2_backward_dq_bulk(const BwdParams p) {
@@ -863,7 +873,11 @@ fa2_backward_dq_bulk(const BwdParams p) {
     const int row = i * B_r + (warp % WM_DQ) * Tile::Q_MW + mt * 16 + lane / 4;
     const int col = (warp / WM_DQ) * Tile::Q_NW + (pass * Tile::DQ_PASS + nt) * 8 + (lane % 4) * 2;
     if (col >= d) return;  // the zero padding of the head dim
-    const float* src = p.dq_accum + ((long long)batch * nheads + head) * T_r * FRAGS * 4 + f * 4;
+    if (SeqT::PACKED && i * B_r >= seqlen_q) return;  // (past the entry's row blocks)
+    // (packed: the compact workspace, (heads, ws_blocks) row blocks, the entry's from its offset)
+    const float* src = p.dq_accum + f * 4 +
+        (SeqT::PACKED ? ((long long)head * p.ws_blocks + p.row_block_offsets[batch]) * FRAGS * 4
+                      : ((long long)batch * nheads + head) * T_r * FRAGS * 4);
     // (without a mask that hides keys from whole row blocks, every row block is written)
     bool written = !p.deterministic || !(MaskT::CAUSAL || MaskT::LOCAL);
     if (!written) {

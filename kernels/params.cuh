@@ -139,8 +139,10 @@ struct BwdParams {
     const int* cu_seqlens_q;        // packed: cumulative query lengths (batch + 1), int32
     const int* cu_seqlens_k;        // packed: cumulative key lengths (batch + 1), int32
     int total_q;                    // packed: rows of the packed query tensor
+    const int* row_block_offsets;   // packed, bulk dQ: each entry's first row block in dQ_accum (batch + 1), int32
+    int ws_blocks;                  // packed, bulk dQ: row blocks per head in dQ_accum
 };
-static_assert(sizeof(BwdParams) == 368, "BwdParams: size differs from cuflash/_params.py");
+static_assert(sizeof(BwdParams) == 384, "BwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(BwdParams, q) == 0, "BwdParams.q");
 static_assert(__builtin_offsetof(BwdParams, k) == 8, "BwdParams.k");
@@ -196,6 +198,8 @@ static_assert(__builtin_offsetof(BwdParams, alibi_stride_b) == 336, "BwdParams.a
 static_assert(__builtin_offsetof(BwdParams, cu_seqlens_q) == 344, "BwdParams.cu_seqlens_q");
 static_assert(__builtin_offsetof(BwdParams, cu_seqlens_k) == 352, "BwdParams.cu_seqlens_k");
 static_assert(__builtin_offsetof(BwdParams, total_q) == 360, "BwdParams.total_q");
+static_assert(__builtin_offsetof(BwdParams, row_block_offsets) == 368, "BwdParams.row_block_offsets");
+static_assert(__builtin_offsetof(BwdParams, ws_blocks) == 376, "BwdParams.ws_blocks");
 #endif
 
 // Hopper forward kernel (fa2_forward_sm90.cu).

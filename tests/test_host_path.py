@@ -62,6 +62,13 @@ class FakeArray:
     def sum(self, axis):
         return FakeArray(self.a.sum(axis=axis))
 
+    def _op(self, other, f):
+        return FakeArray(f(self.a, other.a if isinstance(other, FakeArray) else other))
+
+    __add__ = lambda self, other: self._op(other, np.add)  # noqa: E731
+    __sub__ = lambda self, other: self._op(other, np.subtract)  # noqa: E731
+    __floordiv__ = lambda self, other: self._op(other, np.floor_divide)  # noqa: E731
+
 
 def _fake_cupy(sms=132, smem=227 * 1024, cc=90):
     cp = types.SimpleNamespace()
@@ -73,6 +80,7 @@ def _fake_cupy(sms=132, smem=227 * 1024, cc=90):
     cp.asarray = lambda a: FakeArray(np.array(a))
     cp.asnumpy = lambda x: x.a.copy()
     cp.ascontiguousarray = lambda x: FakeArray(np.ascontiguousarray(x.a))
+    cp.cumsum = lambda x: FakeArray(np.cumsum(x.a))
     cp.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(
         as_strided=lambda x, shape, strides: FakeArray(
             np.lib.stride_tricks.as_strided(x.a, shape, strides), x.data.ptr)))
@@ -543,6 +551,27 @@ def test_backward_varlen_runs_the_packed_kernels(fake):
     assert (p["q"], p["k"], p["dq"]) == (q.data.ptr, k.data.ptr, dq.data.ptr)
     assert pp["dsum"] == p["dsum"]
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    # the compact dQ workspace: with bulk dQ, row blocks for the entries' own rows
+    assert cfg.dq_bulk and p["ws_blocks"] == -(-312 // cfg.B_r) + 4 and p["row_block_offsets"]
+
+
+@pytest.mark.parametrize("bulk", [1, 0])
+def test_packed_dq_workspace_is_compact(fake, bulk):
+    """backward_varlen's float32 dQ sums cover the entries' own rows: (heads, total_q, HD) with
+    dQ atomics; with bulk dQ, whole row blocks, entry b's from the prefix sum of
+    ceil(len / B_r) (here B_r 64: 1, 0, 5, 1 blocks), within ws_blocks."""
+    cp = _api._cupy()
+    cu_q = FakeArray(np.array([0, 5, 5, 305, 312], np.int32))
+    packed = _api._Packed(4, 300, 250, cu_q, cu_q, 312)
+    cfg = _plan.BackwardConfig(64, 64, 128, 8, 2, 4, 2, 1, bulk)
+    ws, fields = _api._packed_dq_workspace(cp, packed, cfg, 6, 312)
+    if not bulk:
+        assert ws.shape == (6, 312, 64) and fields == {}
+        return
+    assert fields["ws_blocks"] == 5 + 4 and ws.shape == (6, 9 * 64, 64)
+    assert packed.workspace.a.tolist() == [0, 1, 1, 6, 7]
+    assert fields["row_block_offsets"] == packed.workspace.data.ptr
+    assert not ws.a.any()  # (zeroed: the kernels add into it)
 
 
 def test_backward_varlen_deterministic_runs_each_sequence_on_its_rows(fake):
