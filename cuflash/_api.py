@@ -957,11 +957,10 @@ def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     forward_varlen returns it), with forward_varlen's arguments and rules.
 
     The backward kernels take the packed batch as it is (PackedSeq, seqinfo.cuh): one launch
-    set for the whole batch, no synchronisation. Their dQ workspace is sized as for the batch
-    padded to the longest sequence (float32, batch x heads x max_seqlen_q x the head-dim
-    bucket). With deterministic=True each sequence runs the dense deterministic backward on
-    its own rows instead (views of q, k, v; device cu_seqlens are read back to the host for
-    that loop, a synchronisation).
+    set for the whole batch, no synchronisation. Their dQ workspace covers the entries' own
+    rows (float32, about heads x total_q x the head-dim bucket). With deterministic=True each
+    sequence runs the dense deterministic backward on its own rows instead (views of q, k, v;
+    device cu_seqlens are read back to the host for that loop, a synchronisation).
 
     dq, dk, dv: optional preallocated outputs shaped like q, k, v, C-contiguous. Rows of keys
     that no query sees (a sequence with no queries) get zero gradients.
@@ -1104,7 +1103,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         # dq_bulk: additions in a fixed order, counted in dq_order (the first one into each
         # row block is a store: no zeroing needed); with atomics: one slice per split, summed
         # in order afterwards (fa2_backward.cu, "Deterministic mode").
-        # (packed: D as L, (heads, total_q); the dQ workspaces as for the padded batch)
+        # (packed: D as L, (heads, total_q); the dQ workspace compact, _packed_dq_workspace)
         Dsum = cupy.empty((nheads, total_q) if packed is not None else (batch, nheads, seqlen_q),
                           dtype=cupy.float32)
         T_c = (seqlen_k + cfg.B_c - 1) // cfg.B_c
