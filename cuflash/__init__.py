@@ -16,8 +16,10 @@ from ._api import (
     portable_kernels,
     precompile,
 )
+from ._kvcache import forward_kvcache
 from ._loader import KernelCompileError
 from ._version import __version__
 
 __all__ = ["forward", "forward_varlen", "backward", "backward_varlen", "attention_with_vjp",
-           "precompile", "portable_kernels", "KernelCompileError", "__version__"]
+           "forward_kvcache", "precompile", "portable_kernels", "KernelCompileError",
+           "__version__"]

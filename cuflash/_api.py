@@ -849,9 +849,10 @@ _fa1_launches: dict = {}
 
 def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, True),
                backward: bool = True, fa1: bool = False, max_workers: int = 8,
-               windows: bool = False, varlen: bool = False) -> int:
+               windows: bool = False, varlen: bool = False, decode: bool = False) -> int:
     """Compile (or load from CuPy's cache) the kernels for the current device ahead of time,
-    in parallel. Returns how many specialisations were prepared. windows: also the kernels
+    in parallel. Returns how many specialisations were prepared. decode: also
+    forward_kvcache's kernels. windows: also the kernels
     with a sliding window or the score hook (softcap, ALiBi); varlen: also the forward's
     kernels for variable-length batches (forward_varlen), with every window and hook where
     windows is set too (otherwise each is compiled on its first use). head_dims that are not
@@ -876,6 +877,7 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
     variants = [v for v in _registry.VARIANTS
                 if v is not _registry.FA2_BACKWARD or backward
                 if v is not _registry.FA1_FORWARD or fa1
+                if v is not _registry.FA2_DECODE or decode
                 if v is not _registry.FA2_FORWARD_SM90 or _uses_sm90(cupy, device_id)]
     sm90_buckets = sorted({_plan.sm90_head_dim_bucket(b) for b in buckets})
     names = list(dict.fromkeys(

@@ -207,7 +207,45 @@ BWD = Struct("BwdParams", "Backward kernels (fa2_backward.cu).", [
     Field("ws_blocks", "i32", "packed, bulk dQ: row blocks per head in dQ_accum", "", 0),
 ])
 
-STRUCTS = (FWD, BWD, SM90_FWD)
+# ---- KV-cache decoding: fa2_decode, fa2_decode_combine, fa2_decode_append ---------------------
+DECODE = Struct("DecodeParams", "KV-cache decoding kernels (fa2_decode.cu).", [
+    Field("q", "ptr", "Q (batch, seqlen_q, heads, d)", "const elem_t*"),
+    Field("k", "ptr", "K cache: (batch, capacity, heads_k, d), or paged (num_pages, "
+          "page_size, heads_k, d); the append writes into it", "elem_t*"),
+    Field("v", "ptr", "V cache, as K", "elem_t*"),
+    Field("o", "ptr", "O, Q's shape (its own strides)", "elem_t*"),
+    Field("lse", "ptr", "L (batch, heads, seqlen_q), float32, contiguous", "float*"),
+    Field("o_partial", "ptr", "split-KV: O_s (splits, batch, heads, seqlen_q, d), float32",
+          "float*", 0),
+    Field("lse_partial", "ptr", "split-KV: L_s (splits, batch, heads, seqlen_q), float32",
+          "float*", 0),
+    Field("k_new", "ptr", "append: new keys (batch, seqlen_new, heads_k, d)", "const elem_t*",
+          0),
+    Field("v_new", "ptr", "append: new values, as k_new", "const elem_t*", 0),
+    Field("cache_seqlens", "ptr", "keys already in each entry's cache (batch,), int32",
+          "const int*"),
+    Field("block_table", "ptr", "paged: pages of each entry (batch, pages per entry), int32; "
+          "null: contiguous", "const int*", 0),
+    _strides("q", "Q"), _strides("k", "the K cache (b: batch, or page when paged)"),
+    _strides("v", "the V cache, as K's"), _strides("o", "O"),
+    _strides("kn", "k_new"), _strides("vn", "v_new"),
+    Field("seqlen_q", "i32", "query rows per batch entry"),
+    Field("seqlen_new", "i32", "keys appended per entry (0: none)"),
+    Field("d", "i32", "head dim (a multiple of 8, at most the kernel's bucket)"),
+    Field("group", "i32", "query heads per kv head (head h reads kv head h / group)"),
+    Field("pack", "i32", "query heads packed into one tile's rows: group, or 1 (ALiBi)"),
+    Field("row_tiles", "i32", "tiles of 16 packed rows per group of pack heads"),
+    Field("nheads", "i32", "query heads"),
+    Field("batch", "i32", "batch entries"),
+    Field("num_splits", "i32", "splits of each entry's key range (1: no partials)"),
+    Field("page_size", "i32", "paged: keys per page", "", 0),
+    Field("block_table_stride", "i32", "paged: the block table's row stride", "", 0),
+    *_SCALES,
+    *_WINDOW,
+    *_HOOK,
+])
+
+STRUCTS = (FWD, BWD, SM90_FWD, DECODE)
 HEADER = "params.cuh"
 
 

@@ -338,6 +338,57 @@ class Sm90ForwardConfig:
         return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}"]
 
 
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Tile shape of the KV-cache decode (kernels/fa2_decode.cu, DecodeTile): 16 packed query
+    rows, B_c keys per column block, `nwarps` warps taking the split's column blocks in turn,
+    each with `stages` K/V buffers."""
+
+    HD: int
+    B_c: int
+    nwarps: int
+    stages: int
+
+    B_r = 16  # packed query rows per tile
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.nwarps
+
+    @property
+    def tile_type(self) -> str:
+        return f"cuflash::DecodeTile<{self.HD}, {self.B_c}, {self.nwarps}, {self.stages}>"
+
+    @functools.cached_property  # (read at every launch)
+    def smem_bytes(self) -> int:
+        # Q (16 x HD) + the larger of the warps' K/V rings and their combine (DecodeTile)
+        kv = 2 * self.nwarps * self.stages * 2 * self.B_c * self.HD
+        combine = 4 * self.nwarps * self.B_r * (self.HD + 2)
+        return 2 * self.B_r * self.HD + max(kv, combine)
+
+    def tile_asserts(self) -> list[str]:
+        return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}"]
+
+
+DECODE_FILE = "fa2_decode.cu"
+
+
+def decode_config(HD: int, max_smem_bytes: int) -> DecodeConfig:
+    """The decode tile for head-dim bucket HD on a GPU with max_smem_bytes of shared memory per
+    block: the first of TILES["decode"] that fits (the most bytes in flight per SM first)."""
+    return _first_fitting(("any", "decode", HD, False), max_smem_bytes)
+
+
+def decode_kernel_names(dtype_name: str, cfg: DecodeConfig, causal: bool, local: bool = False,
+                        hooked: bool = False) -> dict:
+    """The decode's kernels by role: the split attention, the splits' combine, the append."""
+    tag = ELEMENT_TAGS[dtype_name]
+    return {"main": f"cuflash::fa2_decode<{tag}, {cfg.tile_type}, {mask_type(causal, local)}"
+                    f"{score_type(hooked)}>",
+            "combine": f"cuflash::fa2_decode_combine<{tag}>",
+            "append": f"cuflash::fa2_decode_append<{tag}>"}
+
+
 def _f(HD, *shape):
     return ForwardConfig(HD, *shape)
 
@@ -444,6 +495,15 @@ def _table() -> dict:
     put("sm90", "bwd_packed_hook", 64, None, [_b(64, 64, 64, 8, 4, 2, 2, 1, dq) for dq in (2, 1)])
     put("sm80", "bwd_packed", 64, None, atomics[64][2:])
     put("sm80", "bwd_packed_hook", 128, None, atomics[128][2:])
+
+    # decode (kernels/fa2_decode.cu; every class, the first that fits): four warps, as many
+    # keys per column block and K/V buffers per warp as fit, so that many bytes of K and V are
+    # in flight per SM (memory-bound). Chosen to fit, not yet measured.
+    for HD in HEAD_DIM_BUCKETS:
+        put("any", "decode", HD, False,
+            [DecodeConfig(HD, B_c, w, st) for B_c, w, st in
+             ((64, 4, 3), (32, 4, 3), (32, 4, 2), (16, 4, 2), (16, 2, 2))
+             if B_c * HD <= 8192])
 
     # the Hopper forward (class sm90a: H100/H200, kernels/fa2_forward_sm90.cu), one tile per
     # bucket and mask, from the H200 sweep of 2026-11-30 (bf16, kernel timing,

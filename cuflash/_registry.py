@@ -258,9 +258,43 @@ def deterministic_splits(sms: int, T_c: int, bh: int, cfg, rows_per_bh: int,
     return best
 
 
+# ---- KV-cache decode (split-KV) ---------------------------------------------------------------
+
+def decode_plan(dtype_name: str, HD: int, causal: bool, max_smem: int, local: bool = False,
+                hooked: bool = False) -> Plan:
+    """The decode's three kernels: the split attention, the splits' combine, the append."""
+    cfg = _plan.decode_config(HD, max_smem)
+    return Plan(cfg, _plan.decode_kernel_names(dtype_name, cfg, causal, local, hooked),
+                {"main": cfg.smem_bytes, "combine": 0, "append": 0})
+
+
+def decode_grid(num_splits: int, units: int, row_tiles: int, batch: int) -> tuple:
+    """(splits, groups of packed query heads x row tiles, batch): one thread block per split
+    of an entry's keys and tile of packed query rows (fa2_decode.cu)."""
+    return (num_splits, units * row_tiles, batch)
+
+
+def decode_combine_grid(rows: int) -> tuple:
+    """fa2_decode_combine: a warp per query row (batch x heads x seqlen_q), four per block."""
+    return ((rows + 3) // 4, 1, 1)
+
+
+def decode_num_splits(batch: int, units: int, row_tiles: int, seqlen_k: int, sms: int,
+                      B_c: int) -> int:
+    """num_splits=0's choice (cuflash/reference.py num_splits_for: fill the GPU's SMs)."""
+    from . import reference
+    return reference.num_splits_for(batch, units, row_tiles, seqlen_k, sms, B_c)
+
+
+FA2_DECODE = Variant(
+    "fa2_decode", _plan.DECODE_FILE, _params.DECODE, ("80", "90"),
+    lambda dt, HD, causal, smem, bulk, local=False, hooked=False: [
+        decode_plan(dt, HD, causal, smem, local, hooked)])
+
+
 # ---- the registry ------------------------------------------------------------------------------
 
-VARIANTS = (FA2_FORWARD, FA2_BACKWARD, FA1_FORWARD, FA2_FORWARD_SM90)
+VARIANTS = (FA2_FORWARD, FA2_BACKWARD, FA1_FORWARD, FA2_FORWARD_SM90, FA2_DECODE)
 
 
 def specialisations(arch: str, variants=VARIANTS) -> list[tuple[str, str, object]]:

@@ -293,4 +293,107 @@ static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 628, "Sm90FwdParams
 static_assert(__builtin_offsetof(Sm90FwdParams, tile_counter) == 632, "Sm90FwdParams.tile_counter");
 #endif
 
+// KV-cache decoding kernels (fa2_decode.cu).
+struct DecodeParams {
+    const elem_t* q;                // Q (batch, seqlen_q, heads, d)
+    elem_t* k;                      // K cache: (batch, capacity, heads_k, d), or paged (num_pages, page_size, heads_k, d); the append writes into it
+    elem_t* v;                      // V cache, as K
+    elem_t* o;                      // O, Q's shape (its own strides)
+    float* lse;                     // L (batch, heads, seqlen_q), float32, contiguous
+    float* o_partial;               // split-KV: O_s (splits, batch, heads, seqlen_q, d), float32
+    float* lse_partial;             // split-KV: L_s (splits, batch, heads, seqlen_q), float32
+    const elem_t* k_new;            // append: new keys (batch, seqlen_new, heads_k, d)
+    const elem_t* v_new;            // append: new values, as k_new
+    const int* cache_seqlens;       // keys already in each entry's cache (batch,), int32
+    const int* block_table;         // paged: pages of each entry (batch, pages per entry), int32; null: contiguous
+    long long q_stride_b;           // Q: batch stride in elements
+    long long q_stride_s;           // Q: sequence stride in elements
+    long long q_stride_h;           // Q: head stride in elements
+    long long k_stride_b;           // the K cache (b: batch, or page when paged): batch stride in elements
+    long long k_stride_s;           // the K cache (b: batch, or page when paged): sequence stride in elements
+    long long k_stride_h;           // the K cache (b: batch, or page when paged): head stride in elements
+    long long v_stride_b;           // the V cache, as K's: batch stride in elements
+    long long v_stride_s;           // the V cache, as K's: sequence stride in elements
+    long long v_stride_h;           // the V cache, as K's: head stride in elements
+    long long o_stride_b;           // O: batch stride in elements
+    long long o_stride_s;           // O: sequence stride in elements
+    long long o_stride_h;           // O: head stride in elements
+    long long kn_stride_b;          // k_new: batch stride in elements
+    long long kn_stride_s;          // k_new: sequence stride in elements
+    long long kn_stride_h;          // k_new: head stride in elements
+    long long vn_stride_b;          // v_new: batch stride in elements
+    long long vn_stride_s;          // v_new: sequence stride in elements
+    long long vn_stride_h;          // v_new: head stride in elements
+    int seqlen_q;                   // query rows per batch entry
+    int seqlen_new;                 // keys appended per entry (0: none)
+    int d;                          // head dim (a multiple of 8, at most the kernel's bucket)
+    int group;                      // query heads per kv head (head h reads kv head h / group)
+    int pack;                       // query heads packed into one tile's rows: group, or 1 (ALiBi)
+    int row_tiles;                  // tiles of 16 packed rows per group of pack heads
+    int nheads;                     // query heads
+    int batch;                      // batch entries
+    int num_splits;                 // splits of each entry's key range (1: no partials)
+    int page_size;                  // paged: keys per page
+    int block_table_stride;         // paged: the block table's row stride
+    float softmax_scale;            // scale of S = Q K^T
+    float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
+    int window_left;                // LOCAL masks: keys before the diagonal
+    int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: >= 0)
+    const float* alibi_slopes;      // ALiBi slopes per (batch, head), float32
+    float softcap_in;               // softmax_scale / softcap (0: no softcap)
+    float softcap_out;              // softcap / softmax_scale
+    int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
+};
+static_assert(sizeof(DecodeParams) == 320, "DecodeParams: size differs from cuflash/_params.py");
+#ifndef __CUDACC_RTC__
+static_assert(__builtin_offsetof(DecodeParams, q) == 0, "DecodeParams.q");
+static_assert(__builtin_offsetof(DecodeParams, k) == 8, "DecodeParams.k");
+static_assert(__builtin_offsetof(DecodeParams, v) == 16, "DecodeParams.v");
+static_assert(__builtin_offsetof(DecodeParams, o) == 24, "DecodeParams.o");
+static_assert(__builtin_offsetof(DecodeParams, lse) == 32, "DecodeParams.lse");
+static_assert(__builtin_offsetof(DecodeParams, o_partial) == 40, "DecodeParams.o_partial");
+static_assert(__builtin_offsetof(DecodeParams, lse_partial) == 48, "DecodeParams.lse_partial");
+static_assert(__builtin_offsetof(DecodeParams, k_new) == 56, "DecodeParams.k_new");
+static_assert(__builtin_offsetof(DecodeParams, v_new) == 64, "DecodeParams.v_new");
+static_assert(__builtin_offsetof(DecodeParams, cache_seqlens) == 72, "DecodeParams.cache_seqlens");
+static_assert(__builtin_offsetof(DecodeParams, block_table) == 80, "DecodeParams.block_table");
+static_assert(__builtin_offsetof(DecodeParams, q_stride_b) == 88, "DecodeParams.q_stride_b");
+static_assert(__builtin_offsetof(DecodeParams, q_stride_s) == 96, "DecodeParams.q_stride_s");
+static_assert(__builtin_offsetof(DecodeParams, q_stride_h) == 104, "DecodeParams.q_stride_h");
+static_assert(__builtin_offsetof(DecodeParams, k_stride_b) == 112, "DecodeParams.k_stride_b");
+static_assert(__builtin_offsetof(DecodeParams, k_stride_s) == 120, "DecodeParams.k_stride_s");
+static_assert(__builtin_offsetof(DecodeParams, k_stride_h) == 128, "DecodeParams.k_stride_h");
+static_assert(__builtin_offsetof(DecodeParams, v_stride_b) == 136, "DecodeParams.v_stride_b");
+static_assert(__builtin_offsetof(DecodeParams, v_stride_s) == 144, "DecodeParams.v_stride_s");
+static_assert(__builtin_offsetof(DecodeParams, v_stride_h) == 152, "DecodeParams.v_stride_h");
+static_assert(__builtin_offsetof(DecodeParams, o_stride_b) == 160, "DecodeParams.o_stride_b");
+static_assert(__builtin_offsetof(DecodeParams, o_stride_s) == 168, "DecodeParams.o_stride_s");
+static_assert(__builtin_offsetof(DecodeParams, o_stride_h) == 176, "DecodeParams.o_stride_h");
+static_assert(__builtin_offsetof(DecodeParams, kn_stride_b) == 184, "DecodeParams.kn_stride_b");
+static_assert(__builtin_offsetof(DecodeParams, kn_stride_s) == 192, "DecodeParams.kn_stride_s");
+static_assert(__builtin_offsetof(DecodeParams, kn_stride_h) == 200, "DecodeParams.kn_stride_h");
+static_assert(__builtin_offsetof(DecodeParams, vn_stride_b) == 208, "DecodeParams.vn_stride_b");
+static_assert(__builtin_offsetof(DecodeParams, vn_stride_s) == 216, "DecodeParams.vn_stride_s");
+static_assert(__builtin_offsetof(DecodeParams, vn_stride_h) == 224, "DecodeParams.vn_stride_h");
+static_assert(__builtin_offsetof(DecodeParams, seqlen_q) == 232, "DecodeParams.seqlen_q");
+static_assert(__builtin_offsetof(DecodeParams, seqlen_new) == 236, "DecodeParams.seqlen_new");
+static_assert(__builtin_offsetof(DecodeParams, d) == 240, "DecodeParams.d");
+static_assert(__builtin_offsetof(DecodeParams, group) == 244, "DecodeParams.group");
+static_assert(__builtin_offsetof(DecodeParams, pack) == 248, "DecodeParams.pack");
+static_assert(__builtin_offsetof(DecodeParams, row_tiles) == 252, "DecodeParams.row_tiles");
+static_assert(__builtin_offsetof(DecodeParams, nheads) == 256, "DecodeParams.nheads");
+static_assert(__builtin_offsetof(DecodeParams, batch) == 260, "DecodeParams.batch");
+static_assert(__builtin_offsetof(DecodeParams, num_splits) == 264, "DecodeParams.num_splits");
+static_assert(__builtin_offsetof(DecodeParams, page_size) == 268, "DecodeParams.page_size");
+static_assert(__builtin_offsetof(DecodeParams, block_table_stride) == 272, "DecodeParams.block_table_stride");
+static_assert(__builtin_offsetof(DecodeParams, softmax_scale) == 276, "DecodeParams.softmax_scale");
+static_assert(__builtin_offsetof(DecodeParams, scale_log2) == 280, "DecodeParams.scale_log2");
+static_assert(__builtin_offsetof(DecodeParams, window_left) == 284, "DecodeParams.window_left");
+static_assert(__builtin_offsetof(DecodeParams, window_right) == 288, "DecodeParams.window_right");
+static_assert(__builtin_offsetof(DecodeParams, alibi_slopes) == 296, "DecodeParams.alibi_slopes");
+static_assert(__builtin_offsetof(DecodeParams, softcap_in) == 304, "DecodeParams.softcap_in");
+static_assert(__builtin_offsetof(DecodeParams, softcap_out) == 308, "DecodeParams.softcap_out");
+static_assert(__builtin_offsetof(DecodeParams, alibi_stride_b) == 312, "DecodeParams.alibi_stride_b");
+#endif
+
 }  // namespace cuflash

@@ -285,7 +285,8 @@ def test_backward_with_dq_atomics_and_splits(fake, monkeypatch):
 
 def test_registry_lists_every_variant_source():
     assert {v.source for v in _registry.VARIANTS} == \
-        {_plan.FORWARD_FILE, _plan.BACKWARD_FILE, _plan.FA1_FILE, _plan.SM90_FORWARD_FILE}
+        {_plan.FORWARD_FILE, _plan.BACKWARD_FILE, _plan.FA1_FILE, _plan.SM90_FORWARD_FILE,
+         _plan.DECODE_FILE}
     for v in _registry.VARIANTS:
         assert v.params in _params.STRUCTS
 

@@ -1,0 +1,193 @@
+"""forward_kvcache: decoding against a KV cache (kernels/fa2_decode.cu). Validation, the split
+choice and the launches; no kernel logic lives here."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _api, _plan, _registry, reference
+
+_launches: dict = {}
+
+
+def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block_table=None,
+                    causal: bool = False, softmax_scale: float | None = None,
+                    window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                    num_splits: int = 0, check_inputs: bool = False):
+    """Attention of new queries against a KV cache (FlashAttention-2's
+    ``flash_attn_with_kvcache``): returns ``(out, lse)``, out like q, lse float32
+    (batch, heads, seqlen_q).
+
+    q: (batch, seqlen_q, heads, d), fp16 or bf16, d a multiple of 8 up to 256.
+    k_cache, v_cache: (batch, capacity, heads_k, d), or paged (num_pages, page_size, heads_k,
+    d) with ``block_table`` (batch, pages per entry) int32: key j of entry b is row
+    j % page_size of page block_table[b, j // page_size]. heads must be a multiple of heads_k
+    (GQA/MQA: the query heads of a KV head are computed together, K and V read once).
+    cache_seqlens: keys already in each entry's cache, an int or (batch,) integers.
+    k, v: optional new keys and values (batch, seqlen_new, heads_k, d), written into the cache
+    in place at rows cache_seqlens[b] .. + seqlen_new - 1 before attending (cache_seqlens is
+    not advanced: the caller does that). Entry b attends to its first cache_seqlens[b] +
+    seqlen_new keys; causal and window masks are aligned bottom-right on that length (the
+    queries are its last seqlen_q positions), as in FlashAttention-2.
+    causal, softmax_scale, window_size, softcap, alibi_slopes: as in ``forward``.
+    num_splits: splits of each entry's key range across thread blocks (FlashDecoding), their
+    partial results combined exactly; 0 picks it from the GPU's SM count, batch, heads and
+    the longest cache.
+
+    cache_seqlens and block_table given as host sequences are checked on the host (the cache's
+    capacity, the pages in range). CuPy arrays are trusted as they are (int32, contiguous): a
+    wrong one reads or writes out of bounds. ``check_inputs=True`` checks them too (one copy to
+    the host, a synchronisation).
+    """
+    cupy = _api._cupy()
+    _api._require_gpu(cupy)
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _api._check_type(cupy, name, x)
+        _api._check_layout(name, x)
+    batch, seqlen_q, nheads, d = q.shape
+    paged = block_table is not None
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"q, k_cache and v_cache must have the same dtype, got {q.dtype}, "
+                        f"{k_cache.dtype}, {v_cache.dtype}")
+    nheads_k = k_cache.shape[2]
+    if k_cache.shape[3] != d:
+        raise ValueError(f"k_cache's head dim {k_cache.shape[3]} differs from q's {d}")
+    if nheads_k == 0 or nheads % nheads_k:
+        raise ValueError(f"q's {nheads} heads must be a multiple of the cache's {nheads_k}")
+    if d % 8 or not 8 <= d <= _plan.MAX_HEAD_DIM:
+        raise ValueError(f"forward_kvcache takes head dims that are multiples of 8 from 8 to "
+                         f"{_plan.MAX_HEAD_DIM}, got {d}")
+    if not paged and k_cache.shape[0] != batch:
+        raise ValueError(f"a contiguous cache must hold one entry per batch entry of q: "
+                         f"k_cache has {k_cache.shape[0]}, q {batch}")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):  # (written in place: no copy)
+        if x.data.ptr % 16 or not _api._rows_aligned(x.shape, x.strides, x.itemsize):
+            raise ValueError(f"{name} must start on a 16-byte boundary with strides that are "
+                             f"multiples of 8 elements (it is written in place)")
+    seqlen_new = 0
+    if (k is None) != (v is None):
+        raise ValueError("give both k and v to append, or neither")
+    if k is not None:
+        for name, x in (("k", k), ("v", v)):
+            _api._check_type(cupy, name, x)
+            _api._check_layout(name, x)
+            if x.dtype != q.dtype:
+                raise TypeError(f"{name} has dtype {x.dtype}, q {q.dtype}")
+            if x.shape[0] != batch or x.shape[2:] != (nheads_k, d) or x.shape != k.shape:
+                raise ValueError(f"k and v must be (batch={batch}, seqlen_new, "
+                                 f"heads_k={nheads_k}, d={d}), got {tuple(k.shape)} and "
+                                 f"{tuple(v.shape)}")
+        seqlen_new = k.shape[1]
+    page_size = k_cache.shape[1] if paged else 0
+    capacity = k_cache.shape[1]
+    arrays = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
+    if k is not None:
+        arrays.update(k=k, v=v)
+
+    # cache_seqlens and block_table: host values checked here, device arrays trusted
+    if paged:
+        if isinstance(block_table, cupy.ndarray):
+            if block_table.dtype != np.int32 or block_table.ndim != 2 or \
+                    block_table.shape[0] != batch or not block_table.flags.c_contiguous:
+                raise ValueError(f"block_table must be a C-contiguous int32 array (batch="
+                                 f"{batch}, pages per entry), got {block_table.dtype} "
+                                 f"{tuple(block_table.shape)}")
+            arrays["block_table"] = block_table
+            table_host = cupy.asnumpy(block_table) if check_inputs else None
+        else:
+            table_host = np.asarray(block_table)
+            if table_host.ndim != 2 or table_host.shape[0] != batch or \
+                    not np.issubdtype(table_host.dtype, np.integer):
+                raise ValueError(f"block_table must be integers (batch={batch}, pages per "
+                                 f"entry), got {table_host.dtype} {table_host.shape}")
+        capacity = page_size * np.shape(block_table)[1]
+    if isinstance(cache_seqlens, cupy.ndarray):
+        if cache_seqlens.dtype != np.int32 or cache_seqlens.shape != (batch,) or \
+                not cache_seqlens.flags.c_contiguous:
+            raise ValueError(f"cache_seqlens must be a contiguous int32 array ({batch},), got "
+                             f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+        arrays["cache_seqlens"] = cache_seqlens
+        lens_host = cupy.asnumpy(cache_seqlens) if check_inputs else None
+    else:
+        lens_host = cache_seqlens
+    device_id = _api._check_device(cupy, arrays)
+    if lens_host is not None and (not paged or table_host is not None):
+        lens_host = reference.check_kvcache(k_cache, lens_host, seqlen_new, batch,
+                                            table_host if paged else None)
+    elif lens_host is not None:  # (a trusted device block table: the capacity only)
+        lens_host = reference.check_kvcache(np.empty((0, capacity)), lens_host, seqlen_new,
+                                            batch)
+    if not isinstance(num_splits, (int, np.integer)) or isinstance(num_splits, bool) or \
+            num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0: chosen), got {num_splits!r}")
+
+    scale = _api._softmax_scale(softmax_scale, d)
+    upper, local, hooked, _, features = _api._call_features(
+        cupy, causal, window_size, softcap, alibi_slopes, q, batch, seqlen_q, capacity, d,
+        scale)
+    group = nheads // nheads_k
+    pack = 1 if alibi_slopes is not None else group  # (ALiBi: a bias per query head)
+    row_tiles = -(-(pack * seqlen_q) // 16)
+    units = nheads // pack
+
+    with _api._on_device(cupy, device_id):
+        out = cupy.empty(q.shape, dtype=q.dtype)
+        lse = cupy.empty((batch, nheads, seqlen_q), dtype=cupy.float32)
+        if batch == 0 or out.size == 0 and not seqlen_new:
+            return out, lse
+        if not isinstance(cache_seqlens, cupy.ndarray):
+            cache_seqlens = cupy.asarray(np.asarray(lens_host, dtype=np.int32))
+        if paged and not isinstance(block_table, cupy.ndarray):
+            block_table = cupy.asarray(np.ascontiguousarray(table_host, dtype=np.int32))
+        q = _api._aligned(cupy, q)
+        if k is not None:  # (the append copies 16 bytes at a time)
+            k, v = _api._aligned(cupy, k), _api._aligned(cupy, v)
+        HD = _plan.head_dim_bucket(d)
+        plan, kernels, params = _api._prepared(
+            _launches, (device_id, q.dtype, d, upper, local, hooked), _registry.FA2_DECODE,
+            lambda: _registry.decode_plan(_api._dtype_name(q.dtype), HD, upper,
+                                          _api._max_smem(cupy, device_id), local, hooked))
+        cfg = plan.cfg
+        if num_splits == 0:
+            longest = capacity if lens_host is None else int(np.max(lens_host)) + seqlen_new
+            sms = int(_api._device_properties(cupy, device_id)["multiProcessorCount"])
+            num_splits = _registry.decode_num_splits(batch, units, row_tiles, longest, sms,
+                                                     cfg.B_c)
+        partial = {}
+        if num_splits > 1:
+            rows = batch * nheads * seqlen_q
+            o_partial = cupy.empty((num_splits, rows, d), dtype=cupy.float32)
+            lse_partial = cupy.empty((num_splits, rows), dtype=cupy.float32)
+            partial = {"o_partial": o_partial.data.ptr, "lse_partial": lse_partial.data.ptr}
+        new = {}
+        if k is not None and seqlen_new:
+            new = {"k_new": k.data.ptr, "v_new": v.data.ptr, "kn_strides": _api._strides(k),
+                   "vn_strides": _api._strides(v)}
+        stream = cupy.cuda.get_current_stream().ptr
+        with params.lock:
+            params.pack(q=q.data.ptr, k=k_cache.data.ptr, v=v_cache.data.ptr,
+                        o=out.data.ptr, lse=lse.data.ptr, cache_seqlens=cache_seqlens.data.ptr,
+                        block_table=block_table.data.ptr if paged else 0,
+                        q_strides=_api._strides(q), k_strides=_api._strides(k_cache),
+                        v_strides=_api._strides(v_cache), o_strides=_api._strides(out),
+                        kn_strides=new.pop("kn_strides", (0, 0, 0)),
+                        vn_strides=new.pop("vn_strides", (0, 0, 0)),
+                        seqlen_q=seqlen_q, seqlen_new=seqlen_new, d=d, group=group,
+                        pack=pack, row_tiles=row_tiles, nheads=nheads, batch=batch,
+                        num_splits=num_splits, page_size=page_size,
+                        block_table_stride=block_table.shape[1] if paged else 0,
+                        softmax_scale=scale, scale_log2=scale * _api._LOG2E,
+                        **new, **partial, **features)
+            if seqlen_new:  # the new keys into the cache, then attend (one stream: in order)
+                kernels["append"]((seqlen_new, nheads_k, batch), 128, 0, stream, params)
+            if out.size == 0:  # (an append without queries)
+                return out, lse
+            kernels["main"](_registry.decode_grid(num_splits, units, row_tiles, batch),
+                            cfg.threads, cfg.smem_bytes, stream, params)
+            if num_splits > 1:
+                kernels["combine"](_registry.decode_combine_grid(batch * nheads * seqlen_q),
+                                   128, 0, stream, params)
+    return out, lse

@@ -1,0 +1,355 @@
+// fa2_decode.cu: decoding against a KV cache (split-KV, FlashDecoding), on tensor cores
+// (mma.sync m16n8k16, fp32 accumulate), sm_80 and newer. Memory-bound: the work is reading K
+// and V once, as fast as HBM gives them.
+//
+// Algorithm (the FA2 forward's, cuflash/reference.py attention_kvcache_split):
+//   one thread block per (split s of the key range, group of query heads, batch entry b).
+//   - Query heads packed by KV head: the PACK query heads of a group (all G that share KV head
+//     hk, or one where ALiBi gives each head its own bias) are the rows of one tile, row
+//     r = g seqlen_q + i holding query head h0 + g at position i, so that K_j and V_j are read
+//     once for all of them. (B_r = 16 rows per tile; more rows take more tiles, grid.y.)
+//   - The split's column blocks are taken by the NWARPS warps in turn (warp w: blocks
+//     begin + w, begin + w + NWARPS, ...), each with its own ring of STAGES K/V buffers and its
+//     own online softmax over the tile's 16 rows, the FA2 inner loop:
+//         S_ij = Q_i K_j^T,  hook and mask,  m_new = max(m, rowmax S_ij),
+//         P~_ij = exp(S_ij - m_new),  l = e^(m - m_new) l + rowsum P~_ij,
+//         O~ = diag(e^(m - m_new)) O~ + P~_ij V_j
+//   - The warps' (m_w, l_w, O~_w) are combined through shared memory (exact, as the splits):
+//         m = max_w m_w,  l = sum_w e^(m_w - m) l_w,  O~ = sum_w e^(m_w - m) O~_w,
+//     and the block writes O = diag(l)^-1 O~, L = m + log l: into O and L when there is one
+//     split, else into the float32 partials O_s, L_s that fa2_decode_combine merges:
+//         L = log sum_s e^(L_s),  O = sum_s e^(L_s - L) O_s.
+// K and V rows come from a contiguous cache (batch, capacity, heads_k, d) or a paged one
+// (num_pages, page_size, heads_k, d): key j of entry b is row j % page_size of page
+// block_table[b, j / page_size]. Entry b sees its first cache_seqlens[b] + seqlen_new keys
+// (the new keys, fa2_decode_append, are written into the cache first); masks are aligned
+// bottom-right on that length (mask.cuh), the queries being the last seqlen_q positions.
+//
+// Variants (template parameters; cuflash/_plan.py picks them):
+//   T       fp16 | bf16
+//   Tile = DecodeTile<HD, B_c, NWARPS, STAGES>: head-dim bucket (d a multiple of 8, <= HD),
+//          keys per column block, warps, K/V buffers per warp
+//   MaskT = Mask<CAUSAL, LOCAL>    which keys each row sees (mask.cuh)
+//   ScoreT = ScoreScale | ScoreHook  the score hook (score.cuh): softcap and ALiBi
+#include "common.cuh"
+#include "params.cuh"
+#include "mask.cuh"
+#include "score.cuh"
+#include "softmax.cuh"
+
+namespace cuflash {
+
+template <int HD_, int B_c_, int NWARPS_, int STAGES_>
+struct DecodeTile {
+    static constexpr int HD = HD_, B_c = B_c_, NWARPS = NWARPS_, STAGES = STAGES_;
+    static constexpr int B_r = 16;                  // packed query rows per tile: one m16 tile
+    static constexpr int NTHREADS = NWARPS * 32;
+    static constexpr int NT_S = B_c / 8;            // n8 tiles across S_ij
+    static constexpr int NT_O = HD / 8;             // n8 tiles across O~
+    static constexpr int KS_QK = HD / 16;           // k16 steps of Q K_j^T
+    static constexpr int KS_PV = B_c / 16;          // k16 steps of P~ V_j
+    static constexpr int KV_ELEMS = B_c * HD;       // one K_j or V_j buffer
+    // Shared memory, in bytes: Q (B_r x HD), then per warp STAGES x (K_j, V_j), 16-bit; the
+    // warps' combine reuses the K/V area: NWARPS x B_r x (HD + 2) floats (O~_w, m_w, l_w).
+    // (cuflash/_plan.py's DecodeConfig.smem_bytes; the compile check asserts they agree.)
+    static constexpr int KV_BYTES = 2 * NWARPS * STAGES * 2 * KV_ELEMS;
+    static constexpr int COMBINE_BYTES = 4 * NWARPS * B_r * (HD + 2);
+    static constexpr int SMEM_BYTES =
+        2 * B_r * HD + (KV_BYTES > COMBINE_BYTES ? KV_BYTES : COMBINE_BYTES);
+
+    static_assert(HD % 32 == 0 && HD <= 256, "head-dim bucket must be a multiple of 32, <= 256");
+    static_assert(B_c % 16 == 0, "B_c is a whole number of k16 steps of P V");
+    static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 K/V buffers per warp");
+};
+
+// The key rows of one batch entry's cache: row j of K (or V) for KV head hk, contiguous or
+// through the block table (cuflash/reference.py cache_rows).
+struct CacheRows {
+    const elem_t* base;         // K or V
+    long long stride_b, stride_s;  // batch (contiguous) or page (paged) stride, row stride
+    const int* table;           // paged: this entry's row of the block table; else null
+    int page_size;
+
+    __device__ __forceinline__ const elem_t* row(int j) const {
+        if (table == nullptr) return base + j * stride_s;  // (base: entry b, head hk)
+        return base + table[j / page_size] * stride_b + (j % page_size) * stride_s;
+    }
+};
+
+// Q, O: (batch, seqlen_q, heads, d); K, V caches as above; L (batch, heads, seqlen_q) float32.
+// (__launch_bounds__: one block per SM is the plan, shared memory allows no more; without the
+// 1, ptxas aimed at 168 registers and the d 160 kernels with the hook spilled.)
+template <typename T, typename Tile, typename MaskT, typename ScoreT = ScoreScale>
+__global__ void __launch_bounds__(Tile::NTHREADS, 1)
+fa2_decode(const DecodeParams p) {
+    constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, NWARPS = Tile::NWARPS;
+    constexpr int STAGES = Tile::STAGES, NT_S = Tile::NT_S, NT_O = Tile::NT_O;
+    constexpr int NC = HD / 8;  // 16-byte chunks per tile row
+
+    extern __shared__ __attribute__((aligned(128))) elem_t smem[];
+    elem_t* sQ = smem;                    // (B_r, HD) the packed query rows
+    elem_t* sKV = sQ + B_r * HD;          // per warp: STAGES x (K_j, V_j), each (B_c, HD)
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+
+    // This block's work: split, query heads h0 .. h0 + pack - 1 (rows of row tile rt), entry b.
+    const int split = blockIdx.x, batch = blockIdx.z;
+    const int row_tile = blockIdx.y % p.row_tiles, unit = blockIdx.y / p.row_tiles;
+    const int h0 = unit * p.pack, head_k = h0 / p.group;
+    const int seqlen_q = p.seqlen_q;
+    const int seqlen_k = p.cache_seqlens[batch] + p.seqlen_new;
+    const int packed_rows = p.pack * seqlen_q;  // valid rows over all row tiles
+    const MaskT mask(p, seqlen_q, seqlen_k);
+    const ScoreT score(p, batch, h0);  // (ALiBi: pack = 1, one head per tile)
+    const int chunks = p.d / 8;
+
+    // Q: the tile's packed rows, HBM -> shared (cp.async, zero-filled past the rows and d).
+    for (int i = tid; i < B_r * NC; i += Tile::NTHREADS) {
+        const int r = i / NC, c = i % NC, pr = row_tile * B_r + r;
+        const int g = pr / seqlen_q, pos = pr % seqlen_q;
+        const bool valid = pr < packed_rows && c < chunks;
+        const elem_t* src = p.q + batch * p.q_stride_b + pos * p.q_stride_s +
+                            (h0 + g) * p.q_stride_h + c * 8;
+        cp_async_16(smem_u32(sQ + tile_offset<HD>(r, c)), valid ? src : p.q, valid);
+    }
+    cp_async_commit();
+
+    // The split's column blocks (cuflash/reference.py kvcache_splits), cut to the keys some
+    // row of the tile sees (positions 0 .. seqlen_q - 1: its rows are all of them, per head).
+    const int T_c = (seqlen_k + B_c - 1) / B_c;
+    const int per = max(1, (T_c + p.num_splits - 1) / p.num_splits);
+    int begin = min(split * per, T_c), end = min(begin + per, T_c);
+    {
+        const KeyRange first = mask.keys(0), last = mask.keys(seqlen_q - 1);
+        if (MaskT::LOCAL) begin = max(begin, max(first.lo, 0) / B_c);
+        end = last.hi < 0 ? begin : min(end, last.hi / B_c + 1);
+        end = max(begin, end);
+    }
+    // This warp's blocks: begin + warp + t NWARPS, t < mine.
+    const int mine = end - begin > warp ? (end - begin - warp + NWARPS - 1) / NWARPS : 0;
+
+    const CacheRows rows_k{p.k + (p.block_table ? 0 : batch * p.k_stride_b) + head_k * p.k_stride_h,
+                           p.k_stride_b, p.k_stride_s,
+                           p.block_table ? p.block_table + batch * p.block_table_stride : nullptr,
+                           p.page_size};
+    const CacheRows rows_v{p.v + (p.block_table ? 0 : batch * p.v_stride_b) + head_k * p.v_stride_h,
+                           p.v_stride_b, p.v_stride_s, rows_k.table, p.page_size};
+    elem_t* my_kv = sKV + warp * STAGES * 2 * Tile::KV_ELEMS;
+    // K_j, V_j of this warp's t-th block: HBM -> buffer t % STAGES (cp.async by this warp's
+    // lanes, zero-filled past the entry's keys and past d; the caller commits).
+    auto load_kv = [&](int t) {
+        const int col0 = (begin + warp + t * NWARPS) * B_c;
+        elem_t* sk = my_kv + (t % STAGES) * 2 * Tile::KV_ELEMS;
+        elem_t* sv = sk + Tile::KV_ELEMS;
+#pragma unroll 4
+        for (int i = lane; i < B_c * NC; i += 32) {
+            const int r = i / NC, c = i % NC, key = col0 + r;
+            const bool valid = key < seqlen_k && c < chunks;
+            const int off = tile_offset<HD>(r, c);
+            cp_async_16(smem_u32(sk + off), valid ? rows_k.row(key) + c * 8 : p.k, valid);
+            cp_async_16(smem_u32(sv + off), valid ? rows_v.row(key) + c * 8 : p.v, valid);
+        }
+    };
+    // The first STAGES - 1 blocks in flight (one cp.async group each, empty past `mine`).
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < mine) load_kv(t);
+        cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();  // Q (the oldest group)
+    __syncthreads();              // ... every thread's rows of it
+
+    // Each lane's two rows of the tile (e2 = 0, 1: lane / 4 and + 8), as query positions.
+    int pos[2];
+#pragma unroll
+    for (int e2 = 0; e2 < 2; ++e2) pos[e2] = (row_tile * B_r + lane / 4 + e2 * 8) % seqlen_q;
+
+    float o[1][NT_O][4];  // O~_w, unscaled
+    zero(o);
+    OnlineSoftmax<1, NT_S, NT_O, false, false> softmax;
+    const SwizzledReader<HD> readQ(smem_u32(sQ), lane_row_rows_first(lane),
+                                   lane_chunk_rows_first(lane));
+
+    // ---- the FA2 inner loop, one step per column block of this warp ------------------------
+    for (int t = 0; t < mine; ++t) {
+        cp_async_wait<STAGES - 2>();  // block t in shared memory (this lane's copies) ...
+        __syncwarp();                 // ... and every lane's; all done with block t - 1
+        if (t + STAGES - 1 < mine) load_kv(t + STAGES - 1);  // into block t - 1's buffers
+        cp_async_commit();
+        const int col0 = (begin + warp + t * NWARPS) * B_c;
+        const elem_t* sk = my_kv + (t % STAGES) * 2 * Tile::KV_ELEMS;
+        const elem_t* sv = sk + Tile::KV_ELEMS;
+
+        // S_ij = Q_i K_j^T (16 x B_c): A = the packed query rows, B = K_j rows.
+        float s[1][NT_S][4];
+        zero(s);
+        const SwizzledReader<HD> readK(smem_u32(sk), lane_row_chunks_first(lane),
+                                       lane_chunk_chunks_first(lane));
+        warp_mma<T, Tile::KS_QK, false>(
+            s,
+            [&](unsigned (&a)[4], int, int kk, int g) {
+                ldmatrix_x4(a, readQ.at(0, kk * 2) + g * 128);
+            },
+            [&](unsigned (&b)[4], int nt2, int kk, int g) {
+                ldmatrix_x4(b, readK.at(nt2 * 16, kk * 2) + g * 128);
+            });
+
+        // The score hook (score.cuh), at each row's own position.
+        if constexpr (ScoreT::REWRITES) {
+            float dist[2];
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2)
+                dist[e2] = score.diagonal(pos[e2], col0 + (lane % 4) * 2, seqlen_q, seqlen_k);
+            score.apply_fragment(p, s[0], dist);
+        }
+        // Mask (mask.cuh): S_ij[r, c] = -inf where key c is hidden from row r's position, or
+        // past the entry's keys.
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+            const KeyRange keys = mask.keys(pos[e2]);
+            const int lo = keys.lo - col0, hi = keys.hi - col0;
+#pragma unroll
+            for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+                for (int e1 = 0; e1 < 2; ++e1)
+                    if (MaskT::hidden(nt * 8 + (lane % 4) * 2 + e1, lo, hi))
+                        s[0][nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
+        }
+        // Online softmax (softmax.cuh): P~_ij in place of S_ij, l and O~ rescaled.
+        softmax.update(s, o, score.exp2_scale, lane);
+
+        // O~ += P~_ij V_j (P~ from registers as the A operand; V_j rows with .trans).
+        const SwizzledReader<HD> readV(smem_u32(sv), lane_row_rows_first(lane),
+                                       lane_chunk_rows_first(lane));
+        warp_mma<T, Tile::KS_PV, false>(
+            o,
+            [&](unsigned (&a)[4], int, int kk, int) { pack_a_fragment<T>(a, s[0], kk); },
+            [&](unsigned (&b)[4], int nd2, int kk, int) {
+                ldmatrix_x4_trans(b, readV.at(kk * 16, nd2 * 2));
+            });
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with its K/V buffers: the combine reuses them
+
+    // ---- the warps' combine: m = max_w m_w, l = sum_w e^(m_w - m) l_w, O~ likewise ---------
+    float* cO = reinterpret_cast<float*>(sKV);  // (NWARPS, B_r, HD)
+    float* cm = cO + NWARPS * B_r * HD;         // (NWARPS, B_r)
+    float* cl = cm + NWARPS * B_r;              // (NWARPS, B_r)
+#pragma unroll
+    for (int e2 = 0; e2 < 2; ++e2) {
+        const int r = lane / 4 + e2 * 8;
+        const float l_row = softmax.row_sum(0, e2, lane);
+        if (lane % 4 == 0) {
+            cm[warp * B_r + r] = softmax.m[0][e2];
+            cl[warp * B_r + r] = l_row;
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT_O; ++nt) {
+            float* dst = cO + (warp * B_r + r) * HD + nt * 8 + (lane % 4) * 2;
+            dst[0] = o[0][nt][e2 * 2];
+            dst[1] = o[0][nt][e2 * 2 + 1];
+        }
+    }
+    __syncthreads();
+    const int nheads = p.nheads;
+    const bool partial = p.num_splits > 1;
+    for (int i = tid; i < B_r * HD; i += Tile::NTHREADS) {
+        const int r = i / HD, c = i % HD, pr = row_tile * B_r + r;
+        if (pr >= packed_rows) continue;
+        float m = CUFLASH_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) m = fmaxf(m, cm[w * B_r + r]);
+        const float m_scaled = m == CUFLASH_NEG_INF ? 0.f : m * score.exp2_scale;
+        float l = 0.f, acc = 0.f;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) {  // e^(m_w - m), in the softmax's exp2 units
+            const float a = exp2_approx(cm[w * B_r + r] * score.exp2_scale - m_scaled);
+            l = fmaf(a, cl[w * B_r + r], l);
+            acc = fmaf(a, cO[(w * B_r + r) * HD + c], acc);
+        }
+        // O = diag(l)^-1 O~ (0 where the row saw no key of this split), L = m + log l
+        const float out = l == 0.f ? 0.f : acc / l;
+        const int g = pr / seqlen_q, posr = pr % seqlen_q, head = h0 + g;
+        const long long row = ((long long)batch * nheads + head) * seqlen_q + posr;
+        if (partial) {
+            const long long at = (long long)split * p.batch * nheads * seqlen_q + row;
+            if (c < p.d) p.o_partial[at * p.d + c] = out;
+            if (c == 0) p.lse_partial[at] = l == 0.f ? CUFLASH_NEG_INF
+                                                     : m * score.lse_scale + logf(l);
+        } else {
+            if (c < p.d)
+                p.o[batch * p.o_stride_b + posr * p.o_stride_s + head * p.o_stride_h + c] =
+                    T::from_float(out);
+            if (c == 0) p.lse[row] = l == 0.f ? CUFLASH_NEG_INF : m * score.lse_scale + logf(l);
+        }
+    }
+}
+
+// The splits' combine: one warp per query row (batch, head, position), lanes over d.
+//     L = log sum_s e^(L_s),   O = sum_s e^(L_s - L) O_s
+// (a row no split saw: O = 0, L = -inf).
+template <typename T>
+__global__ void __launch_bounds__(128)
+fa2_decode_combine(const DecodeParams p) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long rows = (long long)p.batch * p.nheads * p.seqlen_q;
+    const long long row = (long long)blockIdx.x * 4 + warp;
+    if (row >= rows) return;
+    constexpr float LOG2E = 1.4426950408889634f;  // e^x = 2^(x log2(e))
+    const int S = p.num_splits;
+    float top = CUFLASH_NEG_INF;
+    for (int s = lane; s < S; s += 32) top = fmaxf(top, p.lse_partial[s * rows + row]);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, off));
+    const float top_safe = top == CUFLASH_NEG_INF ? 0.f : top;
+    float total = 0.f;
+    for (int s = lane; s < S; s += 32)
+        total += exp2_approx((p.lse_partial[s * rows + row] - top_safe) * LOG2E);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
+    const float L = total == 0.f ? CUFLASH_NEG_INF : top_safe + logf(total);
+    // (b, h, i) of this row, for O's strides
+    const int i = row % p.seqlen_q, h = (row / p.seqlen_q) % p.nheads;
+    const int b = row / ((long long)p.seqlen_q * p.nheads);
+    elem_t* out = p.o + b * p.o_stride_b + i * p.o_stride_s + h * p.o_stride_h;
+    for (int c = lane; c < p.d; c += 32) {
+        float acc = 0.f;
+        for (int s = 0; s < S; ++s) {
+            const float ls = p.lse_partial[s * rows + row];
+            if (ls != CUFLASH_NEG_INF)
+                acc = fmaf(exp2_approx((ls - L) * LOG2E), p.o_partial[(s * rows + row) * p.d + c],
+                           acc);
+        }
+        out[c] = T::from_float(acc);
+    }
+    if (lane == 0) p.lse[row] = L;
+}
+
+// k, v (batch, seqlen_new, heads_k, d): written into the cache at rows cache_seqlens[b] ..
+// + seqlen_new - 1 of each entry (through the block table when paged), 16 bytes per thread.
+template <typename T>
+__global__ void __launch_bounds__(128)
+fa2_decode_append(const DecodeParams p) {
+    const int row = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;  // row of the new keys
+    const int j = p.cache_seqlens[b] + row;                        // its key index
+    const int chunks = p.d / 8;
+    const long long at_k = p.block_table
+        ? p.block_table[b * p.block_table_stride + j / p.page_size] * p.k_stride_b +
+              (j % p.page_size) * p.k_stride_s
+        : b * p.k_stride_b + j * p.k_stride_s;
+    const long long at_v = p.block_table
+        ? p.block_table[b * p.block_table_stride + j / p.page_size] * p.v_stride_b +
+              (j % p.page_size) * p.v_stride_s
+        : b * p.v_stride_b + j * p.v_stride_s;
+    for (int c = threadIdx.x; c < 2 * chunks; c += blockDim.x) {
+        const bool is_v = c >= chunks;
+        const int cc = is_v ? c - chunks : c;
+        const elem_t* src = (is_v ? p.v_new : p.k_new) + b * (is_v ? p.vn_stride_b : p.kn_stride_b) +
+                            row * (is_v ? p.vn_stride_s : p.kn_stride_s) +
+                            hk * (is_v ? p.vn_stride_h : p.kn_stride_h) + cc * 8;
+        elem_t* dst = (is_v ? p.v : p.k) + (is_v ? at_v : at_k) +
+                      hk * (is_v ? p.v_stride_h : p.k_stride_h) + cc * 8;
+        *reinterpret_cast<Chunk16*>(dst) = *reinterpret_cast<const Chunk16*>(src);
+    }
+}
+
+}  // namespace cuflash

@@ -1,0 +1,97 @@
+"""CPU: forward_kvcache's host path with test_host_path's stand-in for CuPy and the driver:
+the checks of its inputs, the split choice, and each launch (append, split attention, combine)
+with its grid, shared memory and every field of DecodeParams packed."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from test_host_path import FakeArray, fake  # noqa: F401  (the fixture)
+
+from cuflash import _kvcache, _plan, reference
+
+BF16 = ml_dtypes.bfloat16
+
+
+@pytest.fixture
+def launches(fake, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(_kvcache, "_launches", {})
+    return fake
+
+
+def _arrays(batch, sq, h, hk, d, cap, pages=None, page=None, new=0):
+    rng = np.random.default_rng(0)
+    cache_shape = (pages, page, hk, d) if page else (batch, cap, hk, d)
+    arrays = [FakeArray(rng.standard_normal(s).astype(BF16))
+              for s in ((batch, sq, h, d), cache_shape, cache_shape)]
+    if new:
+        arrays += [FakeArray(rng.standard_normal((batch, new, hk, d)).astype(BF16))
+                   for _ in range(2)]
+    return arrays
+
+
+def test_gqa_decode_splits_and_combines(launches):
+    q, kc, vc = _arrays(3, 1, 32, 8, 128, 4096)
+    out, lse = _kvcache.forward_kvcache(q, kc, vc, [5, 100, 4000])
+    cfg = _plan.decode_config(128, 227 * 1024)
+    splits = reference.num_splits_for(3, 8, 1, 4000, 132, cfg.B_c)
+    assert splits > 1
+    (main, grid, block, smem, p), (comb, cgrid, cblock, _, cp_) = launches
+    names = _plan.decode_kernel_names("bfloat16", cfg, False)
+    assert (main, comb) == (names["main"], names["combine"])
+    assert grid == (splits, 8, 3) and block == cfg.threads and smem == cfg.smem_bytes
+    assert cgrid == (-(-3 * 32 // 4), 1, 1) and cblock == 128
+    assert (p["pack"], p["row_tiles"], p["group"], p["nheads"], p["batch"]) == (4, 1, 4, 32, 3)
+    assert (p["num_splits"], p["seqlen_q"], p["seqlen_new"], p["d"]) == (splits, 1, 0, 128)
+    assert (p["q"], p["k"], p["v"], p["o"], p["lse"]) == \
+        (q.data.ptr, kc.data.ptr, vc.data.ptr, out.data.ptr, lse.data.ptr)
+    assert p["o_partial"] and p["lse_partial"] and p["block_table"] == 0
+    assert p["k_stride_b"] == 4096 * 8 * 128 and p["k_stride_s"] == 8 * 128
+    assert cp_ == p and lse.shape == (3, 32, 1) and out.shape == q.shape
+
+
+def test_paged_append_one_split(launches):
+    """Paged cache with new keys: the append first (a block per new key, KV head and entry),
+    then the attention; one split writes O and L directly (no combine)."""
+    q, kc, vc, k, v = _arrays(2, 3, 8, 2, 64, None, pages=10, page=16, new=3)
+    table = [[3, 1, 7, 0], [2, 9, 5, 4]]
+    _kvcache.forward_kvcache(q, kc, vc, [17, 40], k=k, v=v, block_table=table, causal=True,
+                             num_splits=1)
+    (app, agrid, _, _, pa), (main, grid, _, _, p) = launches
+    assert app.startswith("cuflash::fa2_decode_append<cuflash::bf16>")
+    assert agrid == (3, 2, 2) and grid == (1, 2 * 1, 2)
+    assert (p["page_size"], p["block_table_stride"], p["seqlen_new"]) == (16, 4, 3)
+    assert p["block_table"] and p["k_new"] == k.data.ptr and p["v_new"] == v.data.ptr
+    assert p["o_partial"] == 0 and "Mask<true>" in main
+    assert (p["kn_stride_b"], p["kn_stride_s"], p["kn_stride_h"]) == (3 * 2 * 64, 2 * 64, 64)
+
+
+def test_alibi_packs_one_head_per_tile(launches):
+    q, kc, vc = _arrays(2, 1, 8, 2, 128, 256)
+    slopes = FakeArray(np.full(8, 0.1, np.float32))
+    _kvcache.forward_kvcache(q, kc, vc, 100, alibi_slopes=slopes, num_splits=2)
+    (main, grid, _, _, p), _ = launches
+    assert "ScoreHook" in main and p["pack"] == 1 and grid == (2, 8, 2)
+    assert p["alibi_slopes"] == slopes.data.ptr
+
+
+@pytest.mark.parametrize("kw, err, msg", [
+    ({"cache_seqlens": [30, 40]}, ValueError, "capacity"),
+    ({"cache_seqlens": [3, 20], "block_table": [[0, 1], [2, 9]]}, ValueError, "pages outside"),
+    ({"heads": 3}, ValueError, "multiple of the cache"),
+    ({"d": 60}, ValueError, "multiples of 8"),
+    ({"num_splits": -1}, ValueError, "num_splits"),
+    ({"k_only": True}, ValueError, "both k and v"),
+    ({"cache_dtype": np.float16}, TypeError, "same dtype"),
+])
+def test_inputs_are_checked(launches, kw, err, msg):
+    h, d = kw.get("heads", 8), kw.get("d", 64)
+    rng = np.random.default_rng(0)
+    q = FakeArray(rng.standard_normal((2, 1, h, d)).astype(BF16))
+    kc = FakeArray(rng.standard_normal((2, 32, 2, d)).astype(kw.get("cache_dtype", BF16)))
+    vc = FakeArray(np.zeros((2, 32, 2, d), kw.get("cache_dtype", BF16)))
+    extra = {"k": FakeArray(np.zeros((2, 1, 2, d), BF16))} if kw.get("k_only") else {}
+    with pytest.raises(err, match=msg):
+        _kvcache.forward_kvcache(q, kc, vc, kw.get("cache_seqlens", [1, 1]),
+                                 block_table=kw.get("block_table"),
+                                 num_splits=kw.get("num_splits", 0), **extra)
+    assert not launches

@@ -1,0 +1,164 @@
+"""GPU: forward_kvcache (issue 20) against the float64 decode reference
+(cuflash.reference.attention_kvcache_naive) by the accuracy rule (max error <= 2x a same-dtype
+naive attention's over the same keys): contiguous and paged caches (pages of 16 and 256,
+shuffled, odd page counts), cache lengths 0..70k, GQA ratios 1/4/8, with and without the
+append (seqlen_new 1 and 3, causal bottom-right), one split, the chosen split count and many,
+windows, softcap and ALiBi, both dtypes. The append's writes are checked against
+reference.kvcache_append, bit for bit."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from gpu_helpers import assert_accurate, assert_lse, rand
+
+from cuflash import reference
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy", reason="CuPy not installed")
+
+import cuflash  # noqa: E402
+
+DTYPES = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+def _paged(cache, page, order):
+    """The contiguous cache (batch, capacity, heads_k, d) as pages in the shuffled `order`
+    (page order[b * per + p] holds entry b's p-th block) and its block table."""
+    batch, cap = cache.shape[:2]
+    per = cap // page
+    pages = cp.empty((batch * per, page) + cache.shape[2:], dtype=cache.dtype)
+    pages[cp.asarray(order)] = cache.reshape((batch * per, page) + cache.shape[2:])
+    return pages, order.reshape(batch, per).astype(np.int32)
+
+
+def run_decode(lens, h, hk, d, dt, seqlen_q=1, seqlen_new=0, causal=False, page=None,
+               num_splits=0, device_lens=False, **features):
+    """forward_kvcache on random caches against the float64 and same-dtype references."""
+    batch = len(lens)
+    cap = max(lens) + seqlen_new + 5
+    if page:
+        cap = -(-cap // page) * page
+    kc, vc = rand(cp, (batch, cap, hk, d), dt), rand(cp, (batch, cap, hk, d), dt)
+    q = rand(cp, (batch, seqlen_q, h, d), dt, 2.0)
+    k = v = None
+    if seqlen_new:
+        k, v = rand(cp, (batch, seqlen_new, hk, d), dt), rand(cp, (batch, seqlen_new, hk, d), dt)
+    table = None
+    if page:
+        order = np.random.default_rng(len(lens) + cap).permutation(batch * cap // page)
+        kc, table = _paged(kc, page, order)
+        vc, _ = _paged(vc, page, order)
+    host = {name: None if x is None else cp.asnumpy(x)
+            for name, x in (("q", q), ("kc", kc), ("vc", vc), ("k", k), ("v", v))}
+    slopes = features.pop("alibi_slopes", None)
+    ref_features = dict(features, alibi_slopes=None if slopes is None else cp.asnumpy(slopes))
+    O_ref, L_ref = reference.attention_kvcache_naive(
+        host["q"].astype(np.float64), host["kc"].astype(np.float64),
+        host["vc"].astype(np.float64), np.array(lens),
+        k=None if k is None else host["k"].astype(np.float64),
+        v=None if v is None else host["v"].astype(np.float64), block_table=table,
+        causal=causal, **ref_features)
+    kc_after, vc_after = (reference.kvcache_append(host["kc"], host["vc"], np.array(lens),
+                                                   host["k"], host["v"], table)
+                          if k is not None else (host["kc"], host["vc"]))
+    naive = np.zeros(q.shape, dtype=dt)
+    for b in range(batch):
+        n = lens[b] + seqlen_new
+        K, V = (reference.cache_rows(x, b, n, table)[None] for x in (kc_after, vc_after))
+        s = ref_features["alibi_slopes"]
+        naive[b] = reference.attention_naive_same_dtype(
+            host["q"][b:b + 1], K, V, causal,
+            **dict(features, alibi_slopes=None if s is None else (s if s.ndim == 1 else s[b]))
+        )[0]
+    seqlens = cp.asarray(lens, dtype=cp.int32) if device_lens else lens
+    out, lse = cuflash.forward_kvcache(
+        q, kc, vc, seqlens, k=k, v=v,
+        block_table=None if table is None else (cp.asarray(table) if device_lens else table),
+        causal=causal, num_splits=num_splits, alibi_slopes=slopes, **features)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert_accurate(cp, out, cp.asarray(naive), cp.asarray(O_ref), 2.0, "out")
+    assert_lse(cp, lse, cp.asarray(L_ref))
+    if k is not None:  # the append, in place, exactly where the reference puts it
+        np.testing.assert_array_equal(cp.asnumpy(kc).view(np.uint16), kc_after.view(np.uint16))
+        np.testing.assert_array_equal(cp.asnumpy(vc).view(np.uint16), vc_after.view(np.uint16))
+    return out, lse
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("h, hk", [(8, 8), (32, 8), (8, 1)])
+@pytest.mark.parametrize("d", [64, 128, 40, 256])
+def test_decode_contiguous(dtype, h, hk, d):
+    run_decode([1, 77, 1000, 4097], h, hk, d, DTYPES[dtype])
+
+
+@pytest.mark.parametrize("page", [16, 256])
+@pytest.mark.parametrize("h, hk", [(32, 8), (4, 4)])
+def test_decode_paged(page, h, hk):
+    run_decode([3, 517, 2049], h, hk, 128, DTYPES["bf16"], page=page)
+
+
+@pytest.mark.parametrize("page", [None, 16])
+@pytest.mark.parametrize("seqlen_new", [1, 3])
+def test_decode_append_causal(page, seqlen_new):
+    """The new keys written in place, then seqlen_q = seqlen_new queries attend with the causal
+    mask aligned bottom-right (speculative decoding, chunked prefill)."""
+    run_decode([0, 33, 1200], 16, 4, 128, DTYPES["fp16"], seqlen_q=seqlen_new,
+               seqlen_new=seqlen_new, causal=True, page=page)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 64])
+def test_decode_split_counts(num_splits):
+    run_decode([5, 3000, 8191], 32, 8, 128, DTYPES["bf16"], num_splits=num_splits)
+
+
+def test_decode_long_cache():
+    run_decode([70000], 32, 8, 128, DTYPES["bf16"])
+    run_decode([65536, 1], 8, 1, 64, DTYPES["fp16"], page=256)
+
+
+@pytest.mark.parametrize("features", [
+    {"window_size": (256, 0)},
+    {"softcap": 30.0},
+    {"alibi": True},
+    {"softcap": 10.0, "alibi": True, "window_size": (100, -1)},
+])
+def test_decode_features(features):
+    features = dict(features)
+    if features.pop("alibi", False):
+        features["alibi_slopes"] = cp.asarray(
+            np.random.default_rng(3).uniform(0.01, 0.3, (3, 16)).astype(np.float32))
+    run_decode([1, 700, 3000], 16, 4, 128, DTYPES["bf16"], seqlen_q=2, seqlen_new=2,
+               causal=True, **features)
+
+
+def test_decode_empty_caches_see_nothing():
+    """Entries with no keys: out = 0, lse = -inf (and the others unaffected)."""
+    out, lse = run_decode([0, 0, 40], 8, 2, 64, DTYPES["bf16"])
+    assert not bool(out[:2].astype(cp.float32).any())
+    assert bool(cp.isneginf(lse[:2]).all())
+
+
+def test_decode_device_lengths_and_table():
+    run_decode([9, 1500], 8, 2, 128, DTYPES["bf16"], page=16, device_lens=True, seqlen_new=1)
+
+
+def test_decode_checks_its_inputs():
+    dt = DTYPES["bf16"]
+    q = rand(cp, (2, 1, 8, 64), dt)
+    kc = rand(cp, (2, 32, 2, 64), dt)
+    with pytest.raises(ValueError, match="capacity"):
+        cuflash.forward_kvcache(q, kc, kc.copy(), [30, 33])
+    with pytest.raises(ValueError, match="capacity"):
+        cuflash.forward_kvcache(q, kc, kc.copy(), cp.asarray([3, 40], dtype=cp.int32),
+                                check_inputs=True)
+    with pytest.raises(ValueError, match="pages outside"):
+        cuflash.forward_kvcache(q, kc, kc.copy(), [3, 20], block_table=[[0, 1], [2, 9]])
+    with pytest.raises(ValueError, match="multiple of the cache"):
+        cuflash.forward_kvcache(rand(cp, (2, 1, 3, 64), dt), kc, kc.copy(), [1, 1])
+    with pytest.raises(ValueError, match="multiples of 8"):
+        cuflash.forward_kvcache(rand(cp, (2, 1, 8, 60), dt), rand(cp, (2, 32, 2, 60), dt),
+                                rand(cp, (2, 32, 2, 60), dt), [1, 1])
+    with pytest.raises(TypeError, match="same dtype"):
+        cuflash.forward_kvcache(q, kc, rand(cp, kc.shape, np.float16), [1, 1])
+    with pytest.raises(ValueError, match="both k and v"):
+        cuflash.forward_kvcache(q, kc, kc.copy(), [1, 1], k=rand(cp, (2, 1, 2, 64), dt))
