@@ -203,17 +203,7 @@ fa2_decode(const DecodeParams p) {
         }
         // Mask (mask.cuh): S_ij[r, c] = -inf where key c is hidden from row r's position, or
         // past the entry's keys.
-#pragma unroll
-        for (int e2 = 0; e2 < 2; ++e2) {
-            const KeyRange keys = mask.keys(pos[e2]);
-            const int lo = keys.lo - col0, hi = keys.hi - col0;
-#pragma unroll
-            for (int nt = 0; nt < NT_S; ++nt)
-#pragma unroll
-                for (int e1 = 0; e1 < 2; ++e1)
-                    if (MaskT::hidden(nt * 8 + (lane % 4) * 2 + e1, lo, hi))
-                        s[0][nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
-        }
+        mask_fragment_rows(mask, s[0], [&](int e2) { return pos[e2]; }, col0, lane);
         // Online softmax (softmax.cuh): P~_ij in place of S_ij, l and O~ rescaled.
         softmax.update(s, o, score.exp2_scale, lane);
 

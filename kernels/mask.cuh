@@ -68,16 +68,16 @@ struct Mask {
 };
 
 // The element mask on one row pair of an mma accumulator fragment (the portable kernels'
-// m16n8 tiles and the wgmma accumulator alike): this lane holds rows `row` and `row` + 8 and,
-// in each of the NT n8 tiles of keys from col0, columns 2 (lane % 4) and + 1. S[r, c] = -inf
-// where key c is hidden from query r.
-template <class MaskT, int NT>
-__device__ __forceinline__ void mask_fragment(const MaskT& mask, float (&s)[NT][4], int row,
-                                              int col0, int lane) {
+// m16n8 tiles and the wgmma accumulator alike): this lane holds the fragment's rows e2 = 0, 1,
+// the queries row_of(e2), and, in each of the NT n8 tiles of keys from col0, columns
+// 2 (lane % 4) and + 1. S[r, c] = -inf where key c is hidden from query r.
+template <class MaskT, int NT, class RowOf>
+__device__ __forceinline__ void mask_fragment_rows(const MaskT& mask, float (&s)[NT][4],
+                                                   RowOf&& row_of, int col0, int lane) {
 #pragma unroll
     for (int e2 = 0; e2 < 2; ++e2) {
         // this row's keys, counted from the block's first key
-        const KeyRange keys = mask.keys(row + 8 * e2);
+        const KeyRange keys = mask.keys(row_of(e2));
         const int lo = keys.lo - col0, hi = keys.hi - col0;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
@@ -86,6 +86,13 @@ __device__ __forceinline__ void mask_fragment(const MaskT& mask, float (&s)[NT][
                 if (MaskT::hidden(nt * 8 + (lane % 4) * 2 + e1, lo, hi))
                     s[nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
     }
+}
+// ... where the lane's rows are consecutive queries `row` and `row` + 8 (every kernel but the
+// decode, whose rows pack several heads' queries).
+template <class MaskT, int NT>
+__device__ __forceinline__ void mask_fragment(const MaskT& mask, float (&s)[NT][4], int row,
+                                              int col0, int lane) {
+    mask_fragment_rows(mask, s, [&](int e2) { return row + 8 * e2; }, col0, lane);
 }
 
 }  // namespace cuflash
