@@ -10,6 +10,19 @@ from . import _api, _plan, _registry, reference
 _launches: dict = {}
 
 
+def _self_overlapping(shape: tuple, strides: tuple, itemsize: int) -> bool:
+    """Whether two different elements of an array with these byte strides share an address
+    (a broadcast view, stride 0, or strides that interleave): the axes of length > 1, sorted
+    by stride, must each step past the whole extent of the ones before it."""
+    axes = sorted((abs(s), n) for n, s in zip(shape, strides) if n > 1)
+    extent = itemsize
+    for stride, n in axes:
+        if stride < extent:
+            return True
+        extent = stride * n
+    return False
+
+
 def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block_table=None,
                     causal: bool = False, softmax_scale: float | None = None,
                     window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
@@ -35,9 +48,11 @@ def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block
     the longest cache.
 
     cache_seqlens and block_table given as host sequences are checked on the host (the cache's
-    capacity, the pages in range). CuPy arrays are trusted as they are (int32, contiguous): a
-    wrong one reads or writes out of bounds. ``check_inputs=True`` checks them too (one copy to
-    the host, a synchronisation).
+    capacity, the pages each entry uses in range; with cache_seqlens on the GPU, every page a
+    host table names). CuPy arrays are trusted as they are (int32, contiguous): a wrong one
+    reads or writes out of bounds. ``check_inputs=True`` checks them too (one copy to the
+    host, a synchronisation). With k and v the caches are written in place: their rows must
+    not share memory with each other or with q, k, v.
     """
     cupy = _api._cupy()
     _api._require_gpu(cupy)
@@ -103,6 +118,16 @@ def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block
                     not np.issubdtype(table_host.dtype, np.integer):
                 raise ValueError(f"block_table must be integers (batch={batch}, pages per "
                                  f"entry), got {table_host.dtype} {table_host.shape}")
+        if page_size == 0:
+            raise ValueError("a paged cache's pages must hold at least one key (k_cache "
+                             "(num_pages, page_size, heads_k, d) with page_size 0)")
+        # A host table with lengths the host knows: the pages each entry uses are checked
+        # below (reference.check_kvcache); with lengths on the GPU, every page it names.
+        lengths_unknown = isinstance(cache_seqlens, cupy.ndarray) and not check_inputs
+        if lengths_unknown and table_host is not None and table_host.size and (
+                table_host.min() < 0 or table_host.max() >= k_cache.shape[0]):
+            raise ValueError(f"block_table names pages outside 0..{k_cache.shape[0] - 1} "
+                             f"(with cache_seqlens on the GPU every entry is checked)")
         capacity = page_size * np.shape(block_table)[1]
     if isinstance(cache_seqlens, cupy.ndarray):
         if cache_seqlens.dtype != np.int32 or cache_seqlens.shape != (batch,) or \
@@ -129,9 +154,20 @@ def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block
         cupy, causal, window_size, softcap, alibi_slopes, q, batch, seqlen_q, capacity, d,
         scale)
     group = nheads // nheads_k
-    pack = 1 if alibi_slopes is not None else group  # (ALiBi: a bias per query head)
+    pack = 1 if alibi_slopes is not None or group == 0 else group  # (ALiBi: a bias per head)
     row_tiles = -(-(pack * seqlen_q) // 16)
     units = nheads // pack
+    if units * row_tiles > _api._GRID_YZ_MAX or batch > _api._GRID_YZ_MAX:
+        raise ValueError(f"forward_kvcache takes at most {_api._GRID_YZ_MAX} batch entries and "
+                         f"{_api._GRID_YZ_MAX} tiles of 16 query rows per entry (heads x "
+                         f"seqlen_q / 16); got batch {batch}, {units * row_tiles} tiles")
+    if seqlen_new:  # (written in place: each cache row must be its own memory)
+        for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if _self_overlapping(x.shape, x.strides, x.itemsize):
+                raise ValueError(f"{name} has strides {x.strides} under which different "
+                                 f"elements share memory; the append writes into it")
+        _api._check_no_overlap({"k_cache": k_cache, "v_cache": v_cache},
+                               {"q": q, "k": k, "v": v})
 
     with _api._on_device(cupy, device_id):
         out = cupy.empty(q.shape, dtype=q.dtype)

@@ -802,7 +802,7 @@ def num_splits_for(batch: int, heads_k: int, row_tiles: int, seqlen_k: int, num_
     the best wave efficiency (thread blocks / (waves x SMs)), at most one split per two column
     blocks (each split should stream a few blocks) and at most max_splits."""
     tiles = batch * heads_k * row_tiles
-    if tiles >= 0.8 * num_sms:
+    if tiles == 0 or tiles >= 0.8 * num_sms:  # (no tiles: nothing to split)
         return 1
     T_c = -(-seqlen_k // B_c)
     top = max(1, min(max_splits, T_c // 2))

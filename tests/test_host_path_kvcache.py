@@ -95,3 +95,38 @@ def test_inputs_are_checked(launches, kw, err, msg):
                                  block_table=kw.get("block_table"),
                                  num_splits=kw.get("num_splits", 0), **extra)
     assert not launches
+
+
+def test_host_table_with_device_lengths_is_checked_whole(launches):
+    """With cache_seqlens on the GPU (trusted) a host block table's every entry must name a
+    page of the cache: a wrong page would be read and written out of bounds."""
+    q, kc, vc = _arrays(2, 1, 8, 2, 64, None, pages=4, page=16)
+    lens = FakeArray(np.array([3, 20], np.int32))
+    with pytest.raises(ValueError, match="pages outside"):
+        _kvcache.forward_kvcache(q, kc, vc, lens, block_table=[[0, 1], [2, 4]])
+    _kvcache.forward_kvcache(q, kc, vc, lens, block_table=[[0, 1], [2, 3]], num_splits=1)
+    assert len(launches) == 1
+
+
+def test_append_refuses_caches_whose_rows_share_memory(launches):
+    q, kc, vc, k, v = _arrays(2, 1, 8, 2, 64, 32, new=1)
+    shared = FakeArray(np.broadcast_to(kc.a[:1], kc.shape))  # (batch stride 0)
+    with pytest.raises(ValueError, match="share memory"):
+        _kvcache.forward_kvcache(q, shared, vc, [1, 1], k=k, v=v)
+    with pytest.raises(ValueError, match="shares memory"):
+        _kvcache.forward_kvcache(q, kc, kc, [1, 1], k=k, v=v)
+    assert not launches
+
+
+def test_no_query_heads_still_appends(launches):
+    q, kc, vc, k, v = _arrays(2, 1, 0, 2, 64, 32, new=1)
+    out, lse = _kvcache.forward_kvcache(q, kc, vc, [1, 1], k=k, v=v)
+    assert out.shape == (2, 1, 0, 64) and [name for name, *_ in launches] == \
+        ["cuflash::fa2_decode_append<cuflash::bf16>"]
+
+
+def test_self_overlap_test():
+    assert not _kvcache._self_overlapping((2, 32, 2, 64), (8192, 256, 128, 2), 2)
+    assert _kvcache._self_overlapping((2, 32, 2, 64), (0, 256, 128, 2), 2)
+    assert _kvcache._self_overlapping((2, 32, 2, 64), (8192, 64, 128, 2), 2)
+    assert not _kvcache._self_overlapping((1, 32, 2, 64), (0, 256, 128, 2), 2)
