@@ -54,6 +54,16 @@ def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block
     host, a synchronisation). With k and v the caches are written in place: their rows must
     not share memory with each other or with q, k, v.
     """
+    return _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal,
+                            softmax_scale, window_size, softcap, alibi_slopes, num_splits,
+                            check_inputs)
+
+
+def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal,
+                     softmax_scale, window_size, softcap, alibi_slopes, num_splits,
+                     check_inputs, config=None):
+    """forward_kvcache, with an explicit tile (`config`, a _plan.DecodeConfig or None for the
+    planner's): the tests' hook to run every tile of the table on one GPU."""
     cupy = _api._cupy()
     _api._require_gpu(cupy)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -183,9 +193,11 @@ def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block
             k, v = _api._aligned(cupy, k), _api._aligned(cupy, v)
         HD = _plan.head_dim_bucket(d)
         plan, kernels, params = _api._prepared(
-            _launches, (device_id, q.dtype, d, upper, local, hooked), _registry.FA2_DECODE,
+            _launches, (device_id, q.dtype, d, upper, local, hooked, config),
+            _registry.FA2_DECODE,
             lambda: _registry.decode_plan(_api._dtype_name(q.dtype), HD, upper,
-                                          _api._max_smem(cupy, device_id), local, hooked))
+                                          _api._max_smem(cupy, device_id), local, hooked,
+                                          config))
         cfg = plan.cfg
         if num_splits == 0:
             longest = capacity if lens_host is None else int(np.max(lens_host)) + seqlen_new

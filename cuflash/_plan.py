@@ -499,11 +499,15 @@ def _table() -> dict:
     # decode (kernels/fa2_decode.cu; every class, the first that fits): four warps, as many
     # keys per column block and K/V buffers per warp as fit, so that many bytes of K and V are
     # in flight per SM (memory-bound). Chosen to fit, not yet measured.
+    # (kept: the first candidate that fits each shared-memory size the GPUs have, those of
+    # ARCH_SMEM below: 227, 163 and 99 KB)
     for HD in HEAD_DIM_BUCKETS:
-        put("any", "decode", HD, False,
-            [DecodeConfig(HD, B_c, w, st) for B_c, w, st in
-             ((64, 4, 3), (32, 4, 3), (32, 4, 2), (16, 4, 2), (16, 2, 2))
-             if B_c * HD <= 8192])
+        candidates = [DecodeConfig(HD, B_c, w, st) for B_c, w, st in
+                      ((64, 4, 3), (32, 4, 3), (32, 4, 2), (16, 4, 2), (16, 2, 2))
+                      if B_c * HD <= 8192]
+        firsts = [next(c for c in candidates if c.smem_bytes <= smem)
+                  for smem in (227 * 1024, 163 * 1024, 99 * 1024)]
+        put("any", "decode", HD, False, list(dict.fromkeys(firsts)))
 
     # the Hopper forward (class sm90a: H100/H200, kernels/fa2_forward_sm90.cu), one tile per
     # bucket and mask, from the H200 sweep of 2026-11-30 (bf16, kernel timing,

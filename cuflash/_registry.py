@@ -261,9 +261,10 @@ def deterministic_splits(sms: int, T_c: int, bh: int, cfg, rows_per_bh: int,
 # ---- KV-cache decode (split-KV) ---------------------------------------------------------------
 
 def decode_plan(dtype_name: str, HD: int, causal: bool, max_smem: int, local: bool = False,
-                hooked: bool = False) -> Plan:
-    """The decode's three kernels: the split attention, the splits' combine, the append."""
-    cfg = _plan.decode_config(HD, max_smem)
+                hooked: bool = False, config=None) -> Plan:
+    """The decode's three kernels: the split attention, the splits' combine, the append
+    (config: an explicit DecodeConfig, the tests'; else the table's tile for this GPU)."""
+    cfg = config or _plan.decode_config(HD, max_smem)
     return Plan(cfg, _plan.decode_kernel_names(dtype_name, cfg, causal, local, hooked),
                 {"main": cfg.smem_bytes, "combine": 0, "append": 0})
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gpu_helpers import assert_accurate, assert_lse, rand
 
-from cuflash import reference
+from cuflash import _kvcache, _plan, reference
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="CuPy not installed")
@@ -129,6 +129,39 @@ def test_decode_features(features):
             np.random.default_rng(3).uniform(0.01, 0.3, (3, 16)).astype(np.float32))
     run_decode([1, 700, 3000], 16, 4, 128, DTYPES["bf16"], seqlen_q=2, seqlen_new=2,
                causal=True, **features)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_every_decode_tile(d):
+    """Each tile of the decode table (one GPU runs only the largest that fits; the smaller
+    ones serve GPUs with less shared memory: two stages, two warps) against the planner's
+    tile's output, causal with append and paging, within the accuracy rule of each other."""
+    dt = DTYPES["bf16"]
+    lens = [3, 700, 2100]
+    q = rand(cp, (3, 2, 8, d), dt)
+    kc0, vc0 = rand(cp, (3, 2200, 2, d), dt), rand(cp, (3, 2200, 2, d), dt)
+    k, v = rand(cp, (3, 2, 2, d), dt), rand(cp, (3, 2, 2, d), dt)
+    smem = cp.cuda.runtime.getDeviceProperties(0)["sharedMemPerBlockOptin"]
+    outs = []
+    for cfg in _plan.TILES[("any", "decode", _plan.head_dim_bucket(d), False)]:
+        if cfg.smem_bytes > smem:
+            continue
+        kc, vc = kc0.copy(), vc0.copy()
+        out, lse = _kvcache._forward_kvcache(q, kc, vc, lens, k, v, None, True, None,
+                                             (-1, -1), 0.0, None, 3, False, cfg)
+        outs.append((cfg, out, lse))
+    assert len(outs) >= 2
+    O_ref, L_ref = reference.attention_kvcache_naive(
+        *(cp.asnumpy(x).astype(np.float64) for x in (q, kc0, vc0)), np.array(lens),
+        k=cp.asnumpy(k).astype(np.float64), v=cp.asnumpy(v).astype(np.float64), causal=True)
+    kc_after, vc_after = reference.kvcache_append(cp.asnumpy(kc0), cp.asnumpy(vc0),
+                                                  np.array(lens), cp.asnumpy(k), cp.asnumpy(v))
+    naive = np.stack([reference.attention_naive_same_dtype(
+        cp.asnumpy(q)[b:b + 1], kc_after[b:b + 1, :lens[b] + 2], vc_after[b:b + 1, :lens[b] + 2],
+        True)[0] for b in range(3)])
+    for cfg, out, lse in outs:
+        assert_accurate(cp, out, cp.asarray(naive), cp.asarray(O_ref), 2.0, f"out {cfg}")
+        assert_lse(cp, lse, cp.asarray(L_ref))
 
 
 def test_decode_empty_caches_see_nothing():
