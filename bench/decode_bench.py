@@ -104,15 +104,23 @@ def main(argv=None) -> int:
     return 0
 
 
+def _randn(cp, shape, dt):
+    """Standard-normal values in dtype dt, drawn one batch entry at a time (a float32 copy of
+    a whole 64 x 128k cache would not fit beside it)."""
+    x = cp.empty(shape, dtype=dt)
+    for b in range(shape[0]):
+        x[b] = cp.random.standard_normal(shape[1:], dtype=cp.float32).astype(dt)
+    return x
+
+
 def _layout(cp, cuflash, name, batch, h, hk, n, d, dt, dtype_name):
     """A call of provider `name` on fresh random inputs: cuflash on a contiguous cache, or
     paged (cuflash-pagedN: pages of N keys in shuffled order), or torch SDPA."""
     if name.startswith("torch-"):
         return _torch_decode(name, batch, h, hk, n, d, dtype_name)
-    q = cp.random.standard_normal((batch, 1, h, d), dtype=cp.float32).astype(dt)
+    q = _randn(cp, (batch, 1, h, d), dt)
     lens = cp.full((batch,), n, dtype=cp.int32)
-    kc, vc = (cp.random.standard_normal((batch, n, hk, d), dtype=cp.float32).astype(dt)
-              for _ in range(2))
+    kc, vc = (_randn(cp, (batch, n, hk, d), dt) for _ in range(2))
     if name == "cuflash":
         return lambda kc=kc, vc=vc: cuflash.forward_kvcache(q, kc, vc, lens)
     page = int(name[len("cuflash-paged"):])
@@ -120,9 +128,10 @@ def _layout(cp, cuflash, name, batch, h, hk, n, d, dt, dtype_name):
     order = cp.asarray(np.random.default_rng(0).permutation(batch * per).astype(np.int32))
     kp, vp = (cp.zeros((batch * per, page, hk, d), dtype=dt) for _ in range(2))
     for src, dst in ((kc, kp), (vc, vp)):  # (entry b's block p in page order[b * per + p])
-        padded = cp.zeros((batch, per * page, hk, d), dtype=dt)
-        padded[:, :n] = src
-        dst[order] = padded.reshape(batch * per, page, hk, d)
+        for b in range(batch):  # (one entry at a time: no second copy of the whole cache)
+            padded = cp.zeros((per * page, hk, d), dtype=dt)
+            padded[:n] = src[b]
+            dst[order[b * per:(b + 1) * per]] = padded.reshape(per, page, hk, d)
     table = order.reshape(batch, per)
     return lambda: cuflash.forward_kvcache(q, kp, vp, lens, block_table=table)
 
@@ -136,6 +145,7 @@ def _torch_decode(provider, batch, h, hk, n, d, dtype_name):
     tdt = torch.bfloat16 if dtype_name == "bf16" else torch.float16
     tq = torch.randn(batch, h, 1, d, device="cuda", dtype=tdt)
     tk, tv = (torch.randn(batch, hk, n, d, device="cuda", dtype=tdt) for _ in range(2))
+    # (torch draws in the target dtype: no float32 copy)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     gqa = {"enable_gqa": True} if hk != h else {}
 
