@@ -149,12 +149,9 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
     else:
         lens_host = cache_seqlens
     device_id = _api._check_device(cupy, arrays)
-    if lens_host is not None and (not paged or table_host is not None):
+    if lens_host is not None:  # (a trusted device block table: the capacity only)
         lens_host = reference.check_kvcache(k_cache, lens_host, seqlen_new, batch,
-                                            table_host if paged else None)
-    elif lens_host is not None:  # (a trusted device block table: the capacity only)
-        lens_host = reference.check_kvcache(np.empty((0, capacity)), lens_host, seqlen_new,
-                                            batch)
+                                            table_host if paged else None, capacity)
     if not isinstance(num_splits, (int, np.integer)) or isinstance(num_splits, bool) or \
             num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0: chosen), got {num_splits!r}")

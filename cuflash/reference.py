@@ -703,10 +703,12 @@ def cache_capacity(k_cache, block_table=None) -> int:
     return k_cache.shape[1] * np.asarray(block_table).shape[1]
 
 
-def check_kvcache(k_cache, cache_seqlens, seqlen_new: int, batch: int, block_table=None):
+def check_kvcache(k_cache, cache_seqlens, seqlen_new: int, batch: int, block_table=None,
+                  capacity: int | None = None):
     """cache_seqlens as an int64 array (batch,), checked against the cache: each entry's
-    cached keys plus the seqlen_new appended ones must fit its capacity; a block table's
-    entries must name pages of the cache (those an entry uses). ValueError otherwise."""
+    cached keys plus the seqlen_new appended ones must fit its capacity (cache_capacity, or
+    `capacity` where given: a paged cache whose table stays unread); a block table's entries
+    must name pages of the cache (those an entry uses). ValueError otherwise."""
     c = np.asarray(cache_seqlens)
     if c.ndim == 0:
         c = np.full(batch, int(c))
@@ -714,7 +716,7 @@ def check_kvcache(k_cache, cache_seqlens, seqlen_new: int, batch: int, block_tab
         raise ValueError(f"cache_seqlens must be an integer or {batch} integers, got "
                          f"{c.dtype} shape {c.shape}")
     c = c.astype(np.int64)
-    cap = cache_capacity(k_cache, block_table)
+    cap = cache_capacity(k_cache, block_table) if capacity is None else capacity
     if (c < 0).any() or (c + seqlen_new > cap).any():
         raise ValueError(f"cache_seqlens plus the {seqlen_new} appended keys must lie in "
                          f"0..{cap} (the cache's capacity), got {c.tolist()}")

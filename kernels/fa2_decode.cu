@@ -63,15 +63,25 @@ struct DecodeTile {
 };
 
 // The key rows of one batch entry's cache: row j of K (or V) for KV head hk, contiguous or
-// through the block table (cuflash/reference.py cache_rows).
+// through the block table (cuflash/reference.py cache_rows). The attention reads them, the
+// append writes them.
 struct CacheRows {
-    const elem_t* base;         // K or V
+    elem_t* base;                  // K or V: entry b (contiguous), head hk
     long long stride_b, stride_s;  // batch (contiguous) or page (paged) stride, row stride
-    const int* table;           // paged: this entry's row of the block table; else null
+    const int* table;              // paged: this entry's row of the block table; else null
     int page_size;
 
-    __device__ __forceinline__ const elem_t* row(int j) const {
-        if (table == nullptr) return base + j * stride_s;  // (base: entry b, head hk)
+    // cache: p.k or p.v, with its (batch or page, row, head) strides
+    __device__ __forceinline__ CacheRows(const DecodeParams& p, elem_t* cache,
+                                         long long stride_b_, long long stride_s_,
+                                         long long stride_h, int batch, int head_k)
+        : base(cache + (p.block_table ? 0 : batch * stride_b_) + head_k * stride_h),
+          stride_b(stride_b_), stride_s(stride_s_),
+          table(p.block_table ? p.block_table + batch * p.block_table_stride : nullptr),
+          page_size(p.page_size) {}
+
+    __device__ __forceinline__ elem_t* row(int j) const {
+        if (table == nullptr) return base + j * stride_s;
         return base + table[j / page_size] * stride_b + (j % page_size) * stride_s;
     }
 };
@@ -127,12 +137,8 @@ fa2_decode(const DecodeParams p) {
     // This warp's blocks: begin + warp + t NWARPS, t < mine.
     const int mine = end - begin > warp ? (end - begin - warp + NWARPS - 1) / NWARPS : 0;
 
-    const CacheRows rows_k{p.k + (p.block_table ? 0 : batch * p.k_stride_b) + head_k * p.k_stride_h,
-                           p.k_stride_b, p.k_stride_s,
-                           p.block_table ? p.block_table + batch * p.block_table_stride : nullptr,
-                           p.page_size};
-    const CacheRows rows_v{p.v + (p.block_table ? 0 : batch * p.v_stride_b) + head_k * p.v_stride_h,
-                           p.v_stride_b, p.v_stride_s, rows_k.table, p.page_size};
+    const CacheRows rows_k(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, batch, head_k);
+    const CacheRows rows_v(p, p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, batch, head_k);
     elem_t* my_kv = sKV + warp * STAGES * 2 * Tile::KV_ELEMS;
     // K_j, V_j of this warp's t-th block: HBM -> buffer t % STAGES (cp.async by this warp's
     // lanes, zero-filled past the entry's keys and past d; the caller commits).
@@ -322,23 +328,13 @@ fa2_decode_append(const DecodeParams p) {
     const int row = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;  // row of the new keys
     const int j = p.cache_seqlens[b] + row;                        // its key index
     const int chunks = p.d / 8;
-    const long long at_k = p.block_table
-        ? p.block_table[b * p.block_table_stride + j / p.page_size] * p.k_stride_b +
-              (j % p.page_size) * p.k_stride_s
-        : b * p.k_stride_b + j * p.k_stride_s;
-    const long long at_v = p.block_table
-        ? p.block_table[b * p.block_table_stride + j / p.page_size] * p.v_stride_b +
-              (j % p.page_size) * p.v_stride_s
-        : b * p.v_stride_b + j * p.v_stride_s;
-    for (int c = threadIdx.x; c < 2 * chunks; c += blockDim.x) {
-        const bool is_v = c >= chunks;
-        const int cc = is_v ? c - chunks : c;
-        const elem_t* src = (is_v ? p.v_new : p.k_new) + b * (is_v ? p.vn_stride_b : p.kn_stride_b) +
-                            row * (is_v ? p.vn_stride_s : p.kn_stride_s) +
-                            hk * (is_v ? p.vn_stride_h : p.kn_stride_h) + cc * 8;
-        elem_t* dst = (is_v ? p.v : p.k) + (is_v ? at_v : at_k) +
-                      hk * (is_v ? p.v_stride_h : p.k_stride_h) + cc * 8;
-        *reinterpret_cast<Chunk16*>(dst) = *reinterpret_cast<const Chunk16*>(src);
+    elem_t* dst_k = CacheRows(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, b, hk).row(j);
+    elem_t* dst_v = CacheRows(p, p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, b, hk).row(j);
+    const elem_t* src_k = p.k_new + b * p.kn_stride_b + row * p.kn_stride_s + hk * p.kn_stride_h;
+    const elem_t* src_v = p.v_new + b * p.vn_stride_b + row * p.vn_stride_s + hk * p.vn_stride_h;
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        *reinterpret_cast<Chunk16*>(dst_k + c * 8) = *reinterpret_cast<const Chunk16*>(src_k + c * 8);
+        *reinterpret_cast<Chunk16*>(dst_v + c * 8) = *reinterpret_cast<const Chunk16*>(src_v + c * 8);
     }
 }
 
