@@ -299,14 +299,19 @@ def _hook(cupy, softcap, alibi_slopes, q, batch=None) -> tuple:
     nheads = q.shape[2]
     batch = q.shape[0] if batch is None else batch
     _check_type(cupy, "alibi_slopes", alibi_slopes)
-    if alibi_slopes.dtype != np.float32 or tuple(alibi_slopes.shape) not in (
-            (nheads,), (batch, nheads)):
-        raise ValueError(f"alibi_slopes must be float32 of shape ({nheads},) or ({batch}, "
-                         f"{nheads}), got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
+    _check_slopes(alibi_slopes, nheads, batch)
     if not alibi_slopes.flags.c_contiguous:
         raise ValueError("alibi_slopes must be C-contiguous")
     _check_device(cupy, {"q": q, "alibi_slopes": alibi_slopes})
     return True, cap, alibi_slopes.data.ptr, nheads if alibi_slopes.ndim == 2 else 0
+
+
+def _check_slopes(alibi_slopes, nheads: int, batch: int) -> None:
+    """alibi_slopes' dtype and shape (metadata only: cuflash.jax checks them at trace time)."""
+    if alibi_slopes.dtype != np.float32 or tuple(alibi_slopes.shape) not in (
+            (nheads,), (batch, nheads)):
+        raise ValueError(f"alibi_slopes must be float32 of shape ({nheads},) or ({batch}, "
+                         f"{nheads}), got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
 
 
 def _softcap_fields(cap: float, scale: float) -> dict:
