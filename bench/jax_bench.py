@@ -11,14 +11,15 @@ fwd+bwd (jax.value_and_grad of sum(out * dout): the forward, then dq, dk, dv).
 Time per call: the GPU's time per call with the host issuing jitted calls back to back (wall
 time of --reps calls ended by block_until_ready, divided by --reps; median of 5 rounds): the
 host's work per call is hidden wherever the GPU is the slower side, as in a training loop.
-Beside it, cuflash's own kernel time (CuPy, CUDA events, bench.py's method) at the same point:
-the issue's target is the JAX call within 5% plus the callback's overhead of that kernel time.
+Beside it, cuflash's own kernel time (from CuPy, CUDA events, the L2 cache left warm as in the
+jitted calls) at the same point: the issue's target is the JAX call within 5% plus the
+callback's overhead of that kernel time.
 
-Overhead per call (the "floor" rows, --floor): at a tiny shape where the kernels take a few
-microseconds, the wall time of one call until its result is ready, from an idle GPU, median
-of 200: cuflash inside jit, an empty buffer callback inside jit (JAX's own dispatch and
-callback cost), jax-cudnn inside jit, and cuflash.forward called from CuPy (its own host time
-plus the kernel). The callback's overhead is cuflash-in-jit minus cuflash-from-CuPy.
+Overhead per call (the "floor" rows; --no-floor skips them): at a tiny shape where the
+kernels take a few microseconds, the wall time of one call until its result is ready, from an
+idle GPU, median of 200: cuflash inside jit, an empty buffer callback inside jit (JAX's own
+dispatch and callback cost), jax-cudnn inside jit, and cuflash.forward called from CuPy (its
+own host time plus the kernel). The callback's overhead is cuflash-in-jit minus cuflash-from-CuPy.
 
 Shapes follow the standard grid (shared/guides/benchmarking.md): batch * seqlen = 16384
 tokens, heads * d = 2048, bf16. FLOPs: forward 4 b h n^2 d, halved when causal; fwd+bwd 3.5x
@@ -40,7 +41,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # (CuPy shares 
 
 import numpy as np  # noqa: E402
 
-from bench import median_ms, no_gpu, script_results  # noqa: E402
+from bench import no_gpu, script_results  # noqa: E402
 
 
 def per_call_ms(jax, fn, args, reps: int, rounds: int = 5) -> float:
@@ -65,19 +66,34 @@ def idle_us(block, fn, args, reps: int = 200) -> float:
     return statistics.median(times) * 1e6
 
 
+def warm_ms(cp, fn, warmup: int = 3, reps: int = 20) -> float:
+    """Kernel time of fn() in ms, issued back to back from CuPy (CUDA events around each
+    call, median), the L2 cache left as the previous call left it: as the jitted calls run
+    (bench.py's median_ms flushes it before each call)."""
+    for _ in range(warmup):
+        fn()
+    events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    events[-1][1].synchronize()
+    return float(np.median([cp.cuda.get_elapsed_time(s, e) for s, e in events]))
+
+
 def kernel_ms(cp, jnp, q, k, v, dout, causal: bool, which: str) -> float:
-    """cuflash's own kernel time at this point, called from CuPy (bench.py's method)."""
+    """cuflash's own kernel time at this point, called from CuPy."""
     import cuflash
 
     Q, K, V, dO = (cp.asarray(np.asarray(x.astype(jnp.float32))).astype(q.dtype)
                    for x in (q, k, v, dout))
     if which == "fwd":
-        return median_ms(cp, lambda: cuflash.forward(Q, K, V, causal=causal), 3, 20)
+        return warm_ms(cp, lambda: cuflash.forward(Q, K, V, causal=causal))
 
     def fwd_bwd():
         O, L = cuflash.forward(Q, K, V, causal=causal)
         cuflash.backward(dO, Q, K, V, O, L, causal=causal)
-    return median_ms(cp, fwd_bwd, 3, 20)
+    return warm_ms(cp, fwd_bwd)
 
 
 def providers(jax, jnp, causal: bool, which: str):

@@ -39,7 +39,8 @@ __all__ = ["flash_attention"]
 
 def flash_attention(q, k, v, causal: bool = False, softmax_scale: float | None = None, *,
                     window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
-                    deterministic: bool = False, return_lse: bool = False):
+                    deterministic: bool = False, return_lse: bool = False,
+                    algorithm: str = "fa2"):
     """FlashAttention-2 on JAX arrays: ``out = softmax(softmax_scale * q k^T [+ mask]) v``.
 
     Parameters
@@ -55,6 +56,8 @@ def flash_attention(q, k, v, causal: bool = False, softmax_scale: float | None =
     deterministic : bool, as :func:`cuflash.backward` (the gradient's dQ summed in a fixed order)
     return_lse : bool, also return L, float32 (batch, nheads, seqlen_q). L is not
         differentiable: a gradient that flows into it raises at trace time.
+    algorithm : "fa2" (default) or "fa1", the forward's loop order (as :func:`cuflash.forward`;
+        the gradient is FlashAttention-2's recompute backward either way)
 
     Returns ``out`` (q's shape and dtype), or ``(out, lse)``.
 
@@ -64,11 +67,11 @@ def flash_attention(q, k, v, causal: bool = False, softmax_scale: float | None =
     """
     q, k, v = (jnp.asarray(x) for x in (q, k, v))
     opts = _options(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
-                    deterministic)
+                    deterministic, algorithm)
     slopes = None
     if alibi_slopes is not None:  # (batch, nheads): one row per batch entry, also under vmap
         slopes = jnp.broadcast_to(alibi_slopes, (q.shape[0], q.shape[2]))
-    out, lse = _attention(opts, q, k, v, slopes)
+    out, lse = _attention_jit(opts, q, k, v, slopes)
     return (out, lse) if return_lse else out
 
 
@@ -84,6 +87,7 @@ class _Options:
     softcap: float
     deterministic: bool
     dtype: str
+    algorithm: str
 
 
 class _Meta:
@@ -102,22 +106,24 @@ class _Meta:
 
 
 def _options(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
-             deterministic) -> _Options:
+             deterministic, algorithm) -> _Options:
     meta = [_Meta(x) for x in (q, k, v)]
     _api._check_shapes_uncached(*meta)
     causal = _api._check_flag("causal", causal)
     deterministic = _api._check_flag("deterministic", deterministic)
-    batch, seqlen_q, nheads, d = meta[0].shape
+    _api._check_algorithm(algorithm)
+    batch, seqlen_q, _, d = meta[0].shape
     scale = _api._softmax_scale(softmax_scale, d)
-    _api._window(causal, window_size, seqlen_q, meta[1].shape[1])
-    _api._hook(None, softcap, None, meta[0])  # (the softcap's check; no slopes: no CuPy)
-    if alibi_slopes is not None:
-        if not hasattr(alibi_slopes, "shape"):
-            raise TypeError(f"alibi_slopes must be a JAX array, got "
-                            f"{type(alibi_slopes).__qualname__}")
-        _api._check_slopes(_Meta(alibi_slopes), nheads, batch)
+    if alibi_slopes is not None and not hasattr(alibi_slopes, "shape"):
+        raise TypeError(f"alibi_slopes must be a JAX array, got "
+                        f"{type(alibi_slopes).__qualname__}")
+    # window, softcap, slopes and what algorithm="fa1" refuses: the CuPy API's own checks,
+    # on metadata (cupy None)
+    _api._call_features(None, causal, window_size, softcap,
+                        None if alibi_slopes is None else _Meta(alibi_slopes), meta[0], batch,
+                        seqlen_q, meta[1].shape[1], d, scale, algorithm)
     return _Options(causal, scale, tuple(int(w) for w in window_size), float(softcap),
-                    deterministic, np.dtype(q.dtype).name)
+                    deterministic, np.dtype(q.dtype).name, algorithm)
 
 
 # --- the custom VJP --------------------------------------------------------------------------
@@ -146,11 +152,43 @@ def _attention_bwd(opts, residuals, cotangents):
                          "through jax.lax.stop_gradient)")
     if isinstance(dout, SymbolicZero):
         dout = jnp.zeros(out.shape, out.dtype)
-    dq, dk, dv = _backward_call(opts, dout, q, k, v, out, lse, slopes)
+    grads = _backward_call(opts, dout, q, k, v, out, lse, slopes)
+    # Inside shard_map, an input the shards share (K, V replicated while Q is split) gets the
+    # sum of the shards' parts of its gradient.
+    dq, dk, dv = (g if not _varying(g) - _varying(x) else
+                  jax.lax.psum(g, tuple(sorted(_varying(g) - _varying(x))))
+                  for g, x in zip(grads, (q, k, v)))
     return dq, dk, dv, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
+# Called through jit even when the caller is not jitted: the computation is then placed, and
+# its branch of platform_dependent chosen, by the arrays' device (eagerly, platform_dependent
+# would follow JAX's default device instead).
+_attention_jit = jax.jit(_attention, static_argnums=0)
+
+
+def _varying(x) -> frozenset:
+    """The shard_map axes along which x varies (JAX's manual axis type; `vma` before 0.10)."""
+    aval = jax.typeof(x)
+    kind = getattr(aval, "manual_axis_type", None)
+    return frozenset(kind.varying if kind is not None else getattr(aval, "vma", ()) or ())
+
+
+def _varying_like(outputs, *inputs) -> tuple:
+    """Inside shard_map the callback's results carry no manual axes (buffer_callback drops
+    them): give them the inputs', as the custom VJP's type check requires."""
+    axes = frozenset().union(*(_varying(x) for x in inputs if x is not None))
+    if not axes:
+        return tuple(outputs)
+    cast = getattr(jax.lax, "pcast", None)
+    out = []
+    for x in outputs:
+        missing = tuple(sorted(axes - _varying(x)))
+        if missing:
+            x = cast(x, missing, to="varying") if cast else jax.lax.pvary(x, missing)
+        out.append(x)
+    return tuple(out)
 
 
 def _forward_call(opts, q, k, v, slopes):
@@ -158,18 +196,21 @@ def _forward_call(opts, q, k, v, slopes):
     batch, seqlen_q, nheads, _ = q.shape
     shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
               jax.ShapeDtypeStruct((batch, nheads, seqlen_q), jnp.float32))
+    return _varying_like(_platform_call(opts, "forward", shapes, q, k, v, slopes), q, k, v,
+                         slopes)
+
+
+def _platform_call(opts, which: str, shapes: tuple, *args):
     return jax.lax.platform_dependent(
-        q, k, v, slopes,
-        cuda=lambda *a: _callback(opts, "forward", "cuda", shapes)(*a),
-        default=lambda *a: _callback(opts, "forward", "cpu", shapes)(*a))
+        *args,
+        cuda=lambda *a: _callback(opts, which, "cuda", shapes)(*a),
+        cpu=lambda *a: _callback(opts, which, "cpu", shapes)(*a))
 
 
 def _backward_call(opts, dout, q, k, v, out, lse, slopes):
     shapes = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
-    return jax.lax.platform_dependent(
-        dout, q, k, v, out, lse, slopes,
-        cuda=lambda *a: _callback(opts, "backward", "cuda", shapes)(*a),
-        default=lambda *a: _callback(opts, "backward", "cpu", shapes)(*a))
+    return _varying_like(_platform_call(opts, "backward", shapes, dout, q, k, v, out, lse,
+                                        slopes), q, k, v, dout)
 
 
 @functools.lru_cache(maxsize=256)
@@ -195,12 +236,27 @@ _DTYPES = {"float16": np.dtype(np.float16), "bfloat16": jnp.dtype(jnp.bfloat16),
 _streams: dict = {}
 
 
-def _stream(cupy, ptr: int, buf):
-    """(cupy.cuda.ExternalStream of XLA's stream, its device id), made once per stream."""
+class _XlaStream:
+    """XLA's stream as the CUDA stream protocol's object (for cupy.cuda.Stream.from_external)."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+def _stream(cupy, ptr: int, buffers):
+    """(XLA's stream as a cupy.cuda.Stream, its device id), made once per stream; None where
+    every buffer is empty (nothing to compute, nothing to write)."""
     hit = _streams.get(ptr)
     if hit is None:
-        device = cupy.cuda.runtime.pointerGetAttributes(_pointer(buf)).device
-        hit = _streams[ptr] = (cupy.cuda.ExternalStream(ptr, device), device)
+        live = [b for b in buffers if b is not None and math.prod(b.shape)]
+        if not live:
+            return None
+        device = cupy.cuda.runtime.pointerGetAttributes(_pointer(live[0])).device
+        with cupy.cuda.Device(device):
+            hit = _streams[ptr] = (cupy.cuda.Stream.from_external(_XlaStream(ptr)), device)
     return hit
 
 
@@ -215,8 +271,12 @@ def _view(cupy, buf, dtype: str, tail: int, device: int):
         return None
     dt = _DTYPES[dtype]
     shape = tuple(buf.shape)
-    mem = cupy.cuda.UnownedMemory(_pointer(buf), math.prod(shape) * dt.itemsize, buf, device)
-    x = cupy.ndarray(shape, dt, cupy.cuda.MemoryPointer(mem, 0))
+    if not math.prod(shape):  # (XLA may pass no address for an empty buffer)
+        x = cupy.ndarray(shape, dt)
+    else:
+        mem = cupy.cuda.UnownedMemory(_pointer(buf), math.prod(shape) * dt.itemsize, buf,
+                                      device)
+        x = cupy.ndarray(shape, dt, cupy.cuda.MemoryPointer(mem, 0))
     return x if x.ndim == tail else x.reshape(_fold(shape, tail))
 
 
@@ -227,18 +287,25 @@ def _features(opts: _Options) -> dict:
 
 def _gpu_forward(opts, ctx, outputs, q, k, v, slopes):
     cupy = _api._cupy()
-    stream, device = _stream(cupy, ctx.stream, q)
     out, lse = outputs
+    hit = _stream(cupy, ctx.stream, (out, lse))
+    if hit is None:
+        return
+    stream, device = hit
     with _api._on_device(cupy, device), stream:
         Q, K, V, O = (_view(cupy, x, opts.dtype, 4, device) for x in (q, k, v, out))
         _api.forward(Q, K, V, **_features(opts),
                      alibi_slopes=_view(cupy, slopes, "float32", 2, device),
-                     out=O, lse=_view(cupy, lse, "float32", 3, device))
+                     out=O, lse=_view(cupy, lse, "float32", 3, device),
+                     algorithm=opts.algorithm)
 
 
 def _gpu_backward(opts, ctx, outputs, dout, q, k, v, out, lse, slopes):
     cupy = _api._cupy()
-    stream, device = _stream(cupy, ctx.stream, q)
+    hit = _stream(cupy, ctx.stream, outputs)
+    if hit is None:
+        return
+    stream, device = hit
     with _api._on_device(cupy, device), stream:
         dO, Q, K, V, O, dQ, dK, dV = (_view(cupy, x, opts.dtype, 4, device)
                                       for x in (dout, q, k, v, out, *outputs))
