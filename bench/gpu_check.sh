@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check that CI (no GPU) cannot run, in one call on a GPU machine:
 #   bash bench/gpu_check.sh [tests] [slow] [sanitize] [gqa] [bench] [grid] [parity] [sweep] [demo]
+#                           [jax]
 #   (default: tests bench grid parity sweep demo)
 # Logs and JSON go to $OUT (default ./gpu-logs). Runs from the working tree (PYTHONPATH=.),
 # as on the H200 test machine, where nothing can be pip-installed.
@@ -68,6 +69,9 @@ for step in $steps; do
         --configs 128x32x8,64x32x4,128x64x8,64x64x4 || status=1 ;;
     demo)
       python3 -m cuflash.demo 2>&1 | tee "$OUT/demo.log"
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    jax)  # issue 21: cuflash.jax inside jit against JAX's cuDNN and XLA attention (d 128)
+      python3 bench/jax_bench.py --json "$OUT/jax_bench.json" 2>&1 | tee "$OUT/jax_bench.log"
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
   esac
 done

@@ -284,7 +284,8 @@ def _window(causal: bool, window_size, seqlen_q: int, seqlen_k: int) -> tuple:
 def _hook(cupy, softcap, alibi_slopes, q, batch=None) -> tuple:
     """(hooked, softcap, slopes pointer, slopes batch stride) of a call's score hook
     (kernels/score.cuh): softcap a real number >= 0, finite in float32 (0: off); alibi_slopes
-    None or a float32 CuPy array (nheads,) or (batch, nheads), C-contiguous, on q's GPU."""
+    None or a float32 CuPy array (nheads,) or (batch, nheads), C-contiguous, on q's GPU.
+    cupy None: a trace-time check of metadata (cuflash.jax), no pointer."""
     if alibi_slopes is None and softcap.__class__ in (float, int) and softcap == 0:
         return False, 0.0, 0, 0  # (the default, at once)
     ok = isinstance(softcap, numbers.Real) and not isinstance(softcap, (bool, np.bool_))
@@ -298,15 +299,23 @@ def _hook(cupy, softcap, alibi_slopes, q, batch=None) -> tuple:
         return cap > 0, cap, 0, 0
     nheads = q.shape[2]
     batch = q.shape[0] if batch is None else batch
+    if cupy is None:  # (metadata only: cuflash.jax's checks at trace time)
+        _check_slopes(alibi_slopes, nheads, batch)
+        return True, cap, 0, 0
     _check_type(cupy, "alibi_slopes", alibi_slopes)
-    if alibi_slopes.dtype != np.float32 or tuple(alibi_slopes.shape) not in (
-            (nheads,), (batch, nheads)):
-        raise ValueError(f"alibi_slopes must be float32 of shape ({nheads},) or ({batch}, "
-                         f"{nheads}), got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
+    _check_slopes(alibi_slopes, nheads, batch)
     if not alibi_slopes.flags.c_contiguous:
         raise ValueError("alibi_slopes must be C-contiguous")
     _check_device(cupy, {"q": q, "alibi_slopes": alibi_slopes})
     return True, cap, alibi_slopes.data.ptr, nheads if alibi_slopes.ndim == 2 else 0
+
+
+def _check_slopes(alibi_slopes, nheads: int, batch: int) -> None:
+    """alibi_slopes' dtype and shape (metadata only: cuflash.jax checks them at trace time)."""
+    if alibi_slopes.dtype != np.float32 or tuple(alibi_slopes.shape) not in (
+            (nheads,), (batch, nheads)):
+        raise ValueError(f"alibi_slopes must be float32 of shape ({nheads},) or ({batch}, "
+                         f"{nheads}), got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
 
 
 def _softcap_fields(cap: float, scale: float) -> dict:
@@ -607,15 +616,19 @@ def _packed(cupy, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     return _Packed(batch, maxes[0], maxes[1], cu_q, cu_k, total_q)
 
 
+def _check_algorithm(algorithm) -> None:
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+        raise (ValueError if isinstance(algorithm, str) else TypeError)(
+            f"algorithm must be 'fa2' or 'fa1', got {algorithm!r}")
+
+
 def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, config,
              window_size=(-1, -1), softcap=0.0, alibi_slopes=None, packed=None):
     """forward(), with an explicit tile shape (`config`, a _plan.ForwardConfig or None for the
     planner's choice): the bench's and the tests' tuning hook. packed: a variable-length
     batch (forward_varlen's _Packed; q, k, v, out are then (1, total, heads, d) views and lse
     is (heads, total_q))."""
-    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
-        raise (ValueError if isinstance(algorithm, str) else TypeError)(
-            f"algorithm must be 'fa2' or 'fa1', got {algorithm!r}")
+    _check_algorithm(algorithm)
     causal = _check_flag("causal", causal)
     verbose = _check_flag("verbose", verbose)
     cupy, device_id, layout = _check_qkv(q, k, v)

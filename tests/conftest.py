@@ -1,7 +1,13 @@
 """Shared fixtures. GPU tests use the `gpu` marker and are skipped, with the reason, where no
 CUDA device of compute capability >= 8.0 is visible; `slow` tests run only with --slow."""
 
+import os
+
 import pytest
+
+# JAX (tests/test_jax.py) would otherwise reserve most of the GPU's memory when it starts,
+# leaving CuPy, which the kernels' scratch comes from, too little.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from cuflash._api import INSTALL_HINT
 

@@ -21,3 +21,23 @@ def test_example_loss_falls_on_gpu():
     losses = train_attention.train(steps=30, batch=4, seqlen=128, use_gpu=True, verbose=False)
     assert all(map(lambda x: x == x, losses)), "NaN loss"
     assert losses[-1] < losses[0] / 3
+
+
+def test_jax_example_loss_falls_on_cpu_reference():
+    """The JAX transformer block (cuflash.jax on JAX's CPU: the float64 reference)."""
+    pytest.importorskip("jax", reason="JAX is not installed (pip install 'cuflash[jax]')")
+    import jax_transformer
+    losses = jax_transformer.train(steps=40, batch=2, seqlen=32, d_model=64, heads=2,
+                                   cpu=True, verbose=False)
+    assert losses[-1] < losses[0] / 30
+
+
+@pytest.mark.gpu
+def test_jax_example_loss_falls_on_gpu():
+    jax = pytest.importorskip("jax", reason="JAX is not installed")
+    if jax.default_backend() == "cpu":
+        pytest.skip("JAX has no CUDA backend here")
+    import jax_transformer
+    losses = jax_transformer.train(steps=40, batch=4, seqlen=128, verbose=False)
+    assert all(x == x for x in losses), "NaN loss"
+    assert losses[-1] < losses[0] / 30

@@ -1,0 +1,344 @@
+"""cuflash inside JAX: jax.jit, jax.grad and jax.vmap run cuflash's kernels on XLA's own CUDA
+stream, on XLA's buffers in place (zero copy), with no C++ extension to build.
+
+    from cuflash.jax import flash_attention
+    out = flash_attention(q, k, v, causal=True)   # (batch, seqlen, heads, d), bf16 or fp16
+
+Each launch goes through ``jax.experimental.buffer_callback``: XLA hands the callback its
+device buffers and its stream; the callback views the buffers as CuPy arrays (no copy) and
+calls :func:`cuflash.forward` / :func:`cuflash.backward` on that stream, so nothing waits on
+the host. The gradient is a ``jax.custom_vjp`` whose residuals are q, k, v, out and the
+float32 log-sum-exp L (no N x N matrix), as in the FlashAttention-2 backward.
+
+On a CPU backend the same function runs cuflash's NumPy reference (float64, slow: for tests and
+debugging, never for speed). Optional module: it needs JAX (``pip install "cuflash[jax]"``);
+the rest of cuflash never imports JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numpy as np
+
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax.custom_derivatives import SymbolicZero
+    from jax.experimental.buffer_callback import buffer_callback
+except ImportError as exc:
+    raise ImportError(f"cuflash.jax needs JAX 0.7 or newer (jax.experimental.buffer_callback): "
+                      f'pip install "cuflash[jax]" ({exc})') from exc
+
+from . import _api, reference
+
+__all__ = ["flash_attention"]
+
+
+def flash_attention(q, k, v, causal: bool = False, softmax_scale: float | None = None, *,
+                    window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                    deterministic: bool = False, return_lse: bool = False,
+                    algorithm: str = "fa2"):
+    """FlashAttention-2 on JAX arrays: ``out = softmax(softmax_scale * q k^T [+ mask]) v``.
+
+    Parameters
+    ----------
+    q : jax.Array, (batch, seqlen_q, nheads, headdim), float16 or bfloat16
+    k, v : jax.Array, (batch, seqlen_k, nheads_k, headdim), q's dtype; ``nheads % nheads_k
+        == 0`` (GQA / MQA)
+    causal, softmax_scale, window_size, softcap : as :func:`cuflash.forward` (static: plain
+        Python values, fixed when the function is traced)
+    alibi_slopes : jax.Array, float32, (nheads,) or (batch, nheads), optional. A constant of
+        the computation: differentiating with respect to it raises (no gradient is computed
+        for it).
+    deterministic : bool, as :func:`cuflash.backward` (the gradient's dQ summed in a fixed order)
+    return_lse : bool, also return L, float32 (batch, nheads, seqlen_q). L is not
+        differentiable: a gradient that flows into it raises at trace time.
+    algorithm : "fa2" (default) or "fa1", the forward's loop order (as :func:`cuflash.forward`;
+        the gradient is FlashAttention-2's recompute backward either way)
+
+    Returns ``out`` (q's shape and dtype), or ``(out, lse)``.
+
+    Works under ``jax.jit``, ``jax.grad`` / ``jax.value_and_grad`` and ``jax.vmap`` (over
+    leading axes: they are folded into the batch). Shapes, dtypes and options are checked at
+    trace time, with the messages of the CuPy API (TypeError / ValueError).
+    """
+    q, k, v = (jnp.asarray(x) for x in (q, k, v))
+    opts = _options(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
+                    deterministic, algorithm)
+    slopes = None
+    if alibi_slopes is not None:  # (batch, nheads): one row per batch entry, also under vmap
+        slopes = jnp.broadcast_to(alibi_slopes, (q.shape[0], q.shape[2]))
+    out, lse = _attention_jit(opts, q, k, v, slopes)
+    return (out, lse) if return_lse else out
+
+
+# --- trace-time checks ---------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """A call's static options, checked; hashable (the custom_vjp's non-differentiable
+    argument and the key of the cached callbacks)."""
+    causal: bool
+    scale: float
+    window_size: tuple
+    softcap: float
+    deterministic: bool
+    dtype: str
+    algorithm: str
+
+
+class _Meta:
+    """What cuflash's checks read of an array (shape, dtype, C-contiguous strides), from a JAX
+    array or tracer: the CuPy API's own checks run on it at trace time."""
+
+    def __init__(self, x):
+        self.shape, self.dtype = tuple(x.shape), np.dtype(x.dtype)
+        self.ndim, self.itemsize = len(self.shape), self.dtype.itemsize
+        self.size = math.prod(self.shape)
+        strides, step = [], self.itemsize
+        for n in reversed(self.shape):
+            strides.append(step)
+            step *= n
+        self.strides = tuple(reversed(strides))
+
+
+def _options(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
+             deterministic, algorithm) -> _Options:
+    meta = [_Meta(x) for x in (q, k, v)]
+    _api._check_shapes_uncached(*meta)
+    causal = _api._check_flag("causal", causal)
+    deterministic = _api._check_flag("deterministic", deterministic)
+    _api._check_algorithm(algorithm)
+    batch, seqlen_q, _, d = meta[0].shape
+    scale = _api._softmax_scale(softmax_scale, d)
+    if alibi_slopes is not None and not hasattr(alibi_slopes, "shape"):
+        raise TypeError(f"alibi_slopes must be a JAX array, got "
+                        f"{type(alibi_slopes).__qualname__}")
+    # window, softcap, slopes and what algorithm="fa1" refuses: the CuPy API's own checks,
+    # on metadata (cupy None)
+    _api._call_features(None, causal, window_size, softcap,
+                        None if alibi_slopes is None else _Meta(alibi_slopes), meta[0], batch,
+                        seqlen_q, meta[1].shape[1], d, scale, algorithm)
+    return _Options(causal, scale, tuple(int(w) for w in window_size), float(softcap),
+                    deterministic, np.dtype(q.dtype).name, algorithm)
+
+
+# --- the custom VJP --------------------------------------------------------------------------
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(opts, q, k, v, slopes):
+    return _forward_call(opts, q, k, v, slopes)
+
+
+def _attention_fwd(opts, q, k, v, slopes):
+    if slopes is not None and slopes.perturbed:
+        raise ValueError("cuflash.jax.flash_attention computes no gradient with respect to "
+                         "alibi_slopes: pass them through jax.lax.stop_gradient")
+    q, k, v = q.value, k.value, v.value
+    slopes = None if slopes is None else slopes.value
+    out, lse = _forward_call(opts, q, k, v, slopes)
+    return (out, lse), (q, k, v, slopes, out, lse)       # residuals: no N x N matrix
+
+
+def _attention_bwd(opts, residuals, cotangents):
+    q, k, v, slopes, out, lse = residuals
+    dout, dlse = cotangents
+    if not isinstance(dlse, SymbolicZero):
+        raise ValueError("cuflash.jax.flash_attention's lse is not differentiable: a gradient "
+                         "flows into it (use the lse only outside differentiated code, or "
+                         "through jax.lax.stop_gradient)")
+    if isinstance(dout, SymbolicZero):
+        dout = jnp.zeros(out.shape, out.dtype)
+    grads = _backward_call(opts, dout, q, k, v, out, lse, slopes)
+    # Inside shard_map, an input the shards share (K, V replicated while Q is split) gets the
+    # sum of the shards' parts of its gradient.
+    dq, dk, dv = (g if not _varying(g) - _varying(x) else
+                  jax.lax.psum(g, tuple(sorted(_varying(g) - _varying(x))))
+                  for g, x in zip(grads, (q, k, v)))
+    return dq, dk, dv, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
+# Called through jit even when the caller is not jitted: the computation is then placed, and
+# its branch of platform_dependent chosen, by the arrays' device (eagerly, platform_dependent
+# would follow JAX's default device instead).
+_attention_jit = jax.jit(_attention, static_argnums=0)
+
+
+def _varying(x) -> frozenset:
+    """The shard_map axes along which x varies (JAX's manual axis type; `vma` before 0.10)."""
+    aval = jax.typeof(x)
+    kind = getattr(aval, "manual_axis_type", None)
+    return frozenset(kind.varying if kind is not None else getattr(aval, "vma", ()) or ())
+
+
+def _varying_like(outputs, *inputs) -> tuple:
+    """Inside shard_map the callback's results carry no manual axes (buffer_callback drops
+    them): give them the inputs', as the custom VJP's type check requires."""
+    axes = frozenset().union(*(_varying(x) for x in inputs if x is not None))
+    if not axes:
+        return tuple(outputs)
+    cast = getattr(jax.lax, "pcast", None)
+    out = []
+    for x in outputs:
+        missing = tuple(sorted(axes - _varying(x)))
+        if missing:
+            x = cast(x, missing, to="varying") if cast else jax.lax.pvary(x, missing)
+        out.append(x)
+    return tuple(out)
+
+
+def _forward_call(opts, q, k, v, slopes):
+    """(out, lse) from one buffer callback: cuflash's kernels on CUDA, the reference on CPU."""
+    batch, seqlen_q, nheads, _ = q.shape
+    shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
+              jax.ShapeDtypeStruct((batch, nheads, seqlen_q), jnp.float32))
+    return _varying_like(_platform_call(opts, "forward", shapes, q, k, v, slopes), q, k, v,
+                         slopes)
+
+
+def _platform_call(opts, which: str, shapes: tuple, *args):
+    return jax.lax.platform_dependent(
+        *args,
+        cuda=lambda *a: _callback(opts, which, "cuda", shapes)(*a),
+        cpu=lambda *a: _callback(opts, which, "cpu", shapes)(*a))
+
+
+def _backward_call(opts, dout, q, k, v, out, lse, slopes):
+    shapes = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
+    return _varying_like(_platform_call(opts, "backward", shapes, dout, q, k, v, out, lse,
+                                        slopes), q, k, v, dout)
+
+
+@functools.lru_cache(maxsize=256)
+def _callback(opts: _Options, which: str, platform: str, shapes: tuple):
+    """One buffer_callback per (options, pass, platform, shapes), kept: the same traced call
+    gives the same primitive, and jit's caches see equal computations. vmap folds its axes
+    into the batch (broadcast_all: every input gets them, the callback reshapes)."""
+    run = {("forward", "cuda"): _gpu_forward, ("backward", "cuda"): _gpu_backward,
+           ("forward", "cpu"): _cpu_forward, ("backward", "cpu"): _cpu_backward}
+    return buffer_callback(functools.partial(run[which, platform], opts), shapes,
+                           vmap_method="broadcast_all")
+
+
+def _fold(shape: tuple, tail: int) -> tuple:
+    """vmap's leading axes folded into the batch: (*B, batch, rest...) -> (-1, rest...)."""
+    return (-1,) + tuple(shape[len(shape) - tail + 1:])
+
+
+# --- CUDA: cuflash's kernels on XLA's stream -----------------------------------------------
+
+_DTYPES = {"float16": np.dtype(np.float16), "bfloat16": jnp.dtype(jnp.bfloat16),
+           "float32": np.dtype(np.float32)}
+_streams: dict = {}
+
+
+class _XlaStream:
+    """XLA's stream as the CUDA stream protocol's object (for cupy.cuda.Stream.from_external)."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+def _stream(cupy, ptr: int, buffers):
+    """(XLA's stream as a cupy.cuda.Stream, its device id), made once per stream; None where
+    every buffer is empty (nothing to compute, nothing to write)."""
+    hit = _streams.get(ptr)
+    if hit is None:
+        live = [b for b in buffers if b is not None and math.prod(b.shape)]
+        if not live:
+            return None
+        device = cupy.cuda.runtime.pointerGetAttributes(_pointer(live[0])).device
+        with cupy.cuda.Device(device):
+            hit = _streams[ptr] = (cupy.cuda.Stream.from_external(_XlaStream(ptr)), device)
+    return hit
+
+
+def _pointer(buf) -> int:
+    return buf.__cuda_array_interface__["data"][0]
+
+
+def _view(cupy, buf, dtype: str, tail: int, device: int):
+    """An XLA buffer as a cupy.ndarray of the given dtype (bf16 buffers report a void dtype),
+    no copy, with vmap's leading axes folded into the first of its `tail` dims."""
+    if buf is None:
+        return None
+    dt = _DTYPES[dtype]
+    shape = tuple(buf.shape)
+    if not math.prod(shape):  # (XLA may pass no address for an empty buffer)
+        x = cupy.ndarray(shape, dt)
+    else:
+        mem = cupy.cuda.UnownedMemory(_pointer(buf), math.prod(shape) * dt.itemsize, buf,
+                                      device)
+        x = cupy.ndarray(shape, dt, cupy.cuda.MemoryPointer(mem, 0))
+    return x if x.ndim == tail else x.reshape(_fold(shape, tail))
+
+
+def _features(opts: _Options) -> dict:
+    return dict(causal=opts.causal, softmax_scale=opts.scale, window_size=opts.window_size,
+                softcap=opts.softcap)
+
+
+def _gpu_forward(opts, ctx, outputs, q, k, v, slopes):
+    cupy = _api._cupy()
+    out, lse = outputs
+    hit = _stream(cupy, ctx.stream, (out, lse))
+    if hit is None:
+        return
+    stream, device = hit
+    with _api._on_device(cupy, device), stream:
+        Q, K, V, O = (_view(cupy, x, opts.dtype, 4, device) for x in (q, k, v, out))
+        _api.forward(Q, K, V, **_features(opts),
+                     alibi_slopes=_view(cupy, slopes, "float32", 2, device),
+                     out=O, lse=_view(cupy, lse, "float32", 3, device),
+                     algorithm=opts.algorithm)
+
+
+def _gpu_backward(opts, ctx, outputs, dout, q, k, v, out, lse, slopes):
+    cupy = _api._cupy()
+    hit = _stream(cupy, ctx.stream, outputs)
+    if hit is None:
+        return
+    stream, device = hit
+    with _api._on_device(cupy, device), stream:
+        dO, Q, K, V, O, dQ, dK, dV = (_view(cupy, x, opts.dtype, 4, device)
+                                      for x in (dout, q, k, v, out, *outputs))
+        _api.backward(dO, Q, K, V, O, _view(cupy, lse, "float32", 3, device), **_features(opts),
+                      alibi_slopes=_view(cupy, slopes, "float32", 2, device),
+                      deterministic=opts.deterministic, dq=dQ, dk=dK, dv=dV)
+
+
+# --- CPU: the float64 reference (tests, debugging) -----------------------------------------
+
+def _host(buf, tail: int):
+    if buf is None:
+        return None
+    x = np.asarray(buf)
+    return x if x.ndim == tail else x.reshape(_fold(x.shape, tail))
+
+
+def _cpu_forward(opts, ctx, outputs, q, k, v, slopes):
+    del ctx
+    O, L = reference.attention_naive(*(_host(x, 4) for x in (q, k, v)), **_features(opts),
+                                     alibi_slopes=_host(slopes, 2))
+    out, lse = (np.asarray(x) for x in outputs)
+    out[...] = O.astype(out.dtype).reshape(out.shape)
+    lse[...] = L.astype(np.float32).reshape(lse.shape)
+
+
+def _cpu_backward(opts, ctx, outputs, dout, q, k, v, out, lse, slopes):
+    # The FA2 recompute backward from the forward's residuals out and L (their plumbing is
+    # what this checks), in float64.
+    del ctx
+    grads = reference.attention_backward_fa2_tiled(
+        *(_host(x, 4) for x in (dout, q, k, v, out)), _host(lse, 3), **_features(opts),
+        alibi_slopes=_host(slopes, 2))
+    for g, buf in zip(grads, outputs):
+        dst = np.asarray(buf)
+        dst[...] = g.astype(dst.dtype).reshape(dst.shape)

@@ -1,0 +1,294 @@
+"""cuflash.jax: flash_attention under jax.jit, jax.grad and jax.vmap.
+
+Each test runs on JAX's CPU backend (the binding around cuflash's float64 NumPy reference: the
+custom VJP, its residuals, vmap's folding, the trace-time checks) and, marked gpu, on a CUDA
+device (cuflash's kernels on XLA's stream). Results are held to the accuracy rule of
+shared/guides/accuracy.md against float64 attention. Skipped, with the reason, without JAX."""
+
+import os
+import subprocess
+import sys
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cuflash import _api, reference
+
+BF16 = ml_dtypes.bfloat16
+
+jax = pytest.importorskip("jax", reason="JAX is not installed (pip install 'cuflash[jax]')")
+jnp = pytest.importorskip("jax.numpy")
+cjax = pytest.importorskip("cuflash.jax")
+
+
+def _cuda_device():
+    try:
+        return jax.devices("cuda")[0]
+    except RuntimeError:
+        return None
+
+
+PLATFORMS = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
+
+
+@pytest.fixture(params=PLATFORMS)
+def device(request):
+    if request.param == "cpu":
+        return jax.devices("cpu")[0]
+    dev = _cuda_device()
+    if dev is None:
+        pytest.skip("JAX has no CUDA backend here (jax[cuda12] or jax[cuda13] is not installed)")
+    return dev
+
+
+def _inputs(device, shapes, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    host = [rng.standard_normal(s).astype(np.float32).astype(dtype) for s in shapes]
+    return host, [jax.device_put(x, device) for x in host]
+
+
+def _err(a, ref):
+    return float(np.abs(np.asarray(a, dtype=np.float64) - ref).max()) if np.size(ref) else 0.0
+
+
+def _assert_accurate(ours, naive, ref, factor, what):
+    """max|ours - ref| <= factor * max|naive - ref| + 1e-5 (FlashAttention-2's test rule)."""
+    ours = np.asarray(ours)
+    assert np.isfinite(ours.astype(np.float32)).all(), f"{what}: NaN or Inf"
+    err, naive_err = _err(ours, ref), _err(naive, ref)
+    assert err <= factor * naive_err + 1e-5, (
+        f"{what}: max error {err:.3e} > {factor} x naive {naive_err:.3e} + 1e-5")
+
+
+FEATURES = {
+    "plain": {},
+    "causal": {"causal": True},
+    "window": {"causal": True, "window_size": (24, 0)},
+    "softcap": {"softcap": 8.0},
+    "alibi": {"alibi": (4,)},
+    "alibi_b": {"alibi": (2, 4), "causal": True},
+}
+
+
+def _kwargs(feature, batch, heads):
+    kw = dict(FEATURES[feature])
+    slopes = None
+    if "alibi" in kw:
+        shape = kw.pop("alibi")
+        slopes = (0.5 ** np.arange(1, 1 + batch * heads, dtype=np.float32))[-np.prod(shape):]
+        slopes = slopes.reshape(shape)
+    return kw, slopes
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("feature", list(FEATURES))
+@pytest.mark.parametrize("sq,sk,hk", [(65, 65, 4), (33, 80, 2), (96, 40, 1)])
+def test_forward_and_gradients_match_float64(device, dtype, feature, sq, sk, hk):
+    """out, lse and dq, dk, dv of a jitted value_and_grad: the rule's 2x for out, 3x for the
+    gradients, against float64 attention; GQA/MQA, seqlen_q != seqlen_k, odd lengths."""
+    batch, heads, d = 2, 4, 32
+    dt = DTYPES[dtype]
+    (q, k, v, dout), (Q, K, V, dO) = _inputs(
+        device, [(batch, sq, heads, d), (batch, sk, hk, d), (batch, sk, hk, d),
+                 (batch, sq, heads, d)], dt)
+    kw, slopes = _kwargs(feature, batch, heads)
+    S = None if slopes is None else jax.device_put(slopes, device)
+
+    def loss(Q, K, V):
+        out, lse = cjax.flash_attention(Q, K, V, alibi_slopes=S, return_lse=True, **kw)
+        return jnp.sum(out.astype(jnp.float32) * dO.astype(jnp.float32)), (out, lse)
+
+    (_, (out, lse)), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2),
+                                                        has_aux=True))(Q, K, V)
+    assert out.dtype == dt and out.shape == q.shape and lse.shape == (batch, heads, sq)
+    f64 = [x.astype(np.float64) for x in (q, k, v, dout)]
+    O, L = reference.attention_naive(*f64[:3], alibi_slopes=slopes, **kw)
+    naive = reference.attention_naive_same_dtype(q, k, v, alibi_slopes=slopes, **kw)
+    _assert_accurate(out, naive, O, 2, "out")
+    fin = np.isfinite(L)
+    assert (np.isneginf(np.asarray(lse)) == ~fin).all()
+    assert _err(np.asarray(lse)[fin], L[fin]) <= 1e-3
+    ref = reference.attention_backward_naive(f64[3], *f64[:3], alibi_slopes=slopes, **kw)
+    naive = reference.attention_backward_naive_same_dtype(dout, q, k, v, alibi_slopes=slopes,
+                                                          **kw)
+    for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref, naive):
+        assert g.dtype == dt
+        _assert_accurate(g, n, r, 3, name)
+
+
+def test_vmap_folds_leading_axes_into_the_batch(device):
+    """vmap over a leading axis (twice nested) gives each slice's own call: the forward
+    bitwise, the gradients to float32 rounding."""
+    (_, _, _), (Q, K, V) = _inputs(device, [(2, 3, 2, 40, 4, 16), (2, 3, 2, 40, 2, 16),
+                                            (2, 3, 2, 40, 2, 16)], jnp.bfloat16)
+    f = lambda q, k, v: cjax.flash_attention(q, k, v, causal=True)  # noqa: E731
+    batched = jax.jit(jax.vmap(jax.vmap(f)))(Q, K, V)
+    for i in range(2):
+        for j in range(3):
+            np.testing.assert_array_equal(np.asarray(batched[i, j]),
+                                          np.asarray(f(Q[i, j], K[i, j], V[i, j])))
+    loss = lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) ** 2)  # noqa: E731
+    g = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))))(Q[0], K[0], V[0])
+    for j in range(3):
+        one = jax.grad(loss, argnums=(0, 1, 2))(Q[0, j], K[0, j], V[0, j])
+        for a, b in zip(g, one):
+            np.testing.assert_allclose(np.asarray(a[j], np.float32), np.asarray(b, np.float32),
+                                       rtol=2e-2, atol=2e-2)
+
+
+def test_lse_and_alibi_slopes_are_not_differentiable(device):
+    (_, _, _), (Q, K, V) = _inputs(device, [(1, 16, 2, 16)] * 3, jnp.float16)
+    S = jax.device_put(np.array([0.5, 0.25], np.float32), device)
+    with pytest.raises(ValueError, match="lse is not differentiable"):
+        jax.grad(lambda q: jnp.sum(cjax.flash_attention(q, K, V, return_lse=True)[1]))(Q)
+    with pytest.raises(ValueError, match="no gradient with respect to alibi_slopes"):
+        jax.grad(lambda s: jnp.sum(cjax.flash_attention(Q, K, V, alibi_slopes=s)
+                                   .astype(jnp.float32)))(S)
+    # Stopped, the slopes are a constant; an lse used outside the gradient is fine.
+    g = jax.grad(lambda q: jnp.sum(cjax.flash_attention(
+        q, K, V, alibi_slopes=jax.lax.stop_gradient(S)).astype(jnp.float32)))(Q)
+    assert np.isfinite(np.asarray(g, np.float32)).all()
+
+
+@pytest.mark.gpu
+def test_deterministic_gradients_are_bitwise_repeatable(monkeypatch):
+    """deterministic=True reaches cuflash.backward, whose gradients repeat bitwise."""
+    dev = _cuda_device()
+    if dev is None:
+        pytest.skip("JAX has no CUDA backend here")
+    seen = []
+    original = _api.backward
+
+    def spy(*args, **kw):
+        seen.append(kw["deterministic"])
+        return original(*args, **kw)
+    monkeypatch.setattr(_api, "backward", spy)
+    (_, _, _), (Q, K, V) = _inputs(dev, [(2, 700, 4, 64), (2, 700, 2, 64),
+                                         (2, 700, 2, 64)], jnp.bfloat16)
+    step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(cjax.flash_attention(
+        q, k, v, causal=True, deterministic=True).astype(jnp.float32) ** 2), argnums=(0, 1, 2)))
+    runs = [step(Q, K, V) for _ in range(5)]
+    for run in runs[1:]:
+        for x, y in zip(runs[0], run):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert seen and all(seen)
+
+
+_SHARD_MAP = """
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
+from cuflash.jax import flash_attention
+try:
+    from jax import shard_map
+except ImportError:
+    from jax.experimental.shard_map import shard_map
+mesh = Mesh(np.array(jax.devices("cpu")[:2]), ("b",))
+rng = np.random.default_rng(0)
+q, k, v = (jnp.asarray(rng.standard_normal((4, 24, 2, 16)), jnp.bfloat16) for _ in range(3))
+f = lambda q, k, v: flash_attention(q, k, v, causal=True)
+sharded = jax.jit(shard_map(f, mesh=mesh, in_specs=(P("b"),) * 3, out_specs=P("b")))
+np.testing.assert_array_equal(np.asarray(sharded(q, k, v)), np.asarray(f(q, k, v)))
+g = jax.jit(shard_map(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) ** 2)),
+                      mesh=mesh, in_specs=(P("b"),) * 3, out_specs=P("b")))(q, k, v)
+# MQA with the query heads split over the shards and K, V shared: dK, dV sum the shards' parts
+q2 = jnp.asarray(rng.standard_normal((2, 24, 2, 16)), jnp.bfloat16)
+k2, v2 = (jnp.asarray(rng.standard_normal((2, 24, 1, 16)), jnp.bfloat16) for _ in range(2))
+loss = lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) ** 2)
+heads = P(None, None, "b")
+g2 = jax.jit(shard_map(jax.grad(loss, argnums=(0, 1, 2)), mesh=mesh,
+                       in_specs=(heads, P(), P()), out_specs=(heads, P(), P())))(q2, k2, v2)
+whole = jax.grad(loss, argnums=(0, 1, 2))(q2, k2, v2)
+for a, b in zip(g2, whole):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                               rtol=2e-2, atol=2e-2)
+print("ok", g.shape)
+"""
+
+
+def test_shard_map_runs_one_call_per_shard():
+    """Inside shard_map over the batch (2 CPU devices), each shard's call equals the whole
+    batch's rows, forward and gradient."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu")
+    res = subprocess.run([sys.executable, "-c", _SHARD_MAP], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "ok (4, 24, 2, 16)" in res.stdout
+
+
+def _cupy_message(fn):
+    """The message the CuPy API's own check gives (run on NumPy metadata)."""
+    with pytest.raises((TypeError, ValueError)) as info:
+        fn()
+    return info.type, str(info.value)
+
+
+BAD = {
+    "float32": ([(1, 8, 2, 16)] * 3, np.float32, {}),
+    "3-D q": ([(8, 2, 16), (1, 8, 2, 16), (1, 8, 2, 16)], np.float16, {}),
+    "head dim 264": ([(1, 8, 2, 264)] * 3, np.float16, {}),
+    "heads 3 vs 2": ([(1, 8, 3, 16), (1, 8, 2, 16), (1, 8, 2, 16)], np.float16, {}),
+    "k != v": ([(1, 8, 2, 16), (1, 8, 2, 16), (1, 9, 2, 16)], np.float16, {}),
+    "window": ([(1, 8, 2, 16)] * 3, np.float16, {"window_size": (-2, 0)}),
+    "softcap": ([(1, 8, 2, 16)] * 3, np.float16, {"softcap": -1.0}),
+    "scale": ([(1, 8, 2, 16)] * 3, np.float16, {"softmax_scale": 0.0}),
+    "causal": ([(1, 8, 2, 16)] * 3, np.float16, {"causal": "yes"}),
+    "slopes": ([(1, 8, 2, 16)] * 3, np.float16, {"alibi_slopes": np.zeros(3, np.float32)}),
+    "slopes batch": ([(1, 8, 2, 16)] * 3, np.float16,
+                     {"alibi_slopes": np.zeros((3, 2), np.float32)}),
+    "q/k dtypes": ([(1, 8, 2, 16)] * 3, [np.float16, BF16, BF16], {}),
+    "fa1 softcap": ([(1, 8, 2, 16)] * 3, np.float16, {"softcap": 5.0, "algorithm": "fa1"}),
+    "fa3": ([(1, 8, 2, 16)] * 3, np.float16, {"algorithm": "fa3"}),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_raises_at_trace_time_with_the_cupy_message(case):
+    """jax.eval_shape traces without running anything: the error comes from the trace, with
+    the type and message of the CuPy API's check for the same input."""
+    shapes, dtypes, kw = BAD[case]
+    dtypes = dtypes if isinstance(dtypes, list) else [dtypes] * 3
+    arrays = [np.zeros(s, dt) for s, dt in zip(shapes, dtypes)]
+
+    def cupy_checks():  # (the order of cuflash.forward's checks)
+        _api._check_shapes_uncached(*arrays)
+        _api._check_flag("causal", kw.get("causal", False))
+        _api._check_algorithm(kw.get("algorithm", "fa2"))
+        scale = _api._softmax_scale(kw.get("softmax_scale"), arrays[0].shape[-1])
+        _api._call_features(None, False, kw.get("window_size", (-1, -1)),
+                            kw.get("softcap", 0.0), kw.get("alibi_slopes"), arrays[0], 1, 8, 8,
+                            16, scale, kw.get("algorithm", "fa2"))
+
+    kind, message = _cupy_message(cupy_checks)
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
+    with pytest.raises(kind) as info:
+        jax.eval_shape(lambda q, k, v: cjax.flash_attention(q, k, v, **kw), *specs)
+    assert str(info.value) == message
+
+
+def test_cuflash_core_never_imports_jax():
+    code = ("import sys, cuflash, cuflash.reference; "
+            "assert 'jax' not in sys.modules, 'cuflash imported jax'")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+
+
+@pytest.mark.gpu
+def test_jitted_steps_queue_without_host_synchronisation():
+    """Many jitted forward+backward steps are queued before the first one finishes: no host
+    round trip per call (the launches go on XLA's stream from the callback)."""
+    dev = _cuda_device()
+    if dev is None:
+        pytest.skip("JAX has no CUDA backend here")
+    (_, _, _), (Q, K, V) = _inputs(dev, [(4, 4096, 16, 128)] * 3, jnp.bfloat16)
+    step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(cjax.flash_attention(
+        q, k, v, causal=True).astype(jnp.float32)), argnums=(0, 1, 2)))
+    jax.block_until_ready(step(Q, K, V))  # (compiled and warm)
+    t0 = time.perf_counter()
+    results = [step(Q, K, V) for _ in range(20)]
+    queued = time.perf_counter() - t0
+    jax.block_until_ready(results)
+    total = time.perf_counter() - t0
+    assert queued < 0.5 * total, f"dispatch took {queued:.4f} s of {total:.4f} s: synchronous"
