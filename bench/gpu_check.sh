@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check that CI (no GPU) cannot run, in one call on a GPU machine:
 #   bash bench/gpu_check.sh [tests] [slow] [sanitize] [gqa] [bench] [grid] [parity] [sweep] [demo]
-#                           [jax]
-#   (default: tests bench grid parity sweep demo)
+#                           [jax] [ring]
+#   (default: tests bench grid parity sweep demo; ring needs a machine of 2+ GPUs)
 # Logs and JSON go to $OUT (default ./gpu-logs). Runs from the working tree (PYTHONPATH=.),
 # as on the H200 test machine, where nothing can be pip-installed.
 set -uo pipefail
@@ -72,6 +72,13 @@ for step in $steps; do
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     jax)  # issue 21: cuflash.jax inside jit against JAX's cuDNN and XLA attention (d 128)
       python3 bench/jax_bench.py --json "$OUT/jax_bench.json" 2>&1 | tee "$OUT/jax_bench.log"
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    ring)  # issue 22 (2+ GPUs): the distributed tests, then ring attention on 1 and 2 GPUs
+      python3 -m pytest -rfEs -q -p no:cacheprovider tests/test_distributed_gpu.py 2>&1 \
+        | tee "$OUT/pytest_distributed.log" | tail -5
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      python3 bench/ring_bench.py --json "$OUT/ring_bench.json" 2>&1 \
+        | tee "$OUT/ring_bench.log"
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
   esac
 done

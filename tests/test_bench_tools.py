@@ -118,8 +118,10 @@ def test_config_from_shape_reads_the_bench_notation():
     [str(BENCH / "varlen_bench.py")],
     [str(BENCH / "decode_bench.py")],
     [str(BENCH / "jax_bench.py")],
+    [str(BENCH / "ring_bench.py")],
+    [str(BENCH.parent / "examples" / "ring_attention.py")],
 ], ids=["bench", "demo", "precompile", "sm90_check", "window_bench", "score_hook_bench",
-        "varlen_bench", "decode_bench", "jax_bench"])
+        "varlen_bench", "decode_bench", "jax_bench", "ring_bench", "ring_example"])
 def test_no_gpu_is_said_plainly(cmd):
     """With no GPU visible (CUDA_VISIBLE_DEVICES empty), the bench, the demo and precompile()
     say "no CUDA GPU" instead of failing with a CUDA driver traceback."""

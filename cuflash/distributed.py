@@ -1,0 +1,474 @@
+"""Context parallelism: ring attention over NCCL, one sequence split across GPUs.
+
+Each of the P GPUs (ranks) holds a chunk of the sequence's Q, K and V. The K/V chunks travel
+around the ring (rank r sends to r + 1 and receives from r - 1) while each rank attends its Q
+chunk to the chunk in hand, one block per step; the partial outputs are merged exactly through
+the log-sum-exp L that the FlashAttention-2 forward returns:
+
+    L = log(e^L_a + e^L_b),    O = e^(L_a - L) O_a + e^(L_b - L) O_b.
+
+The backward recomputes each block from the merged (global) O and L, so each block's
+gradients are exact parts of the whole: dQ_r sums over the steps, and dK_j, dV_j travel
+around the ring with their K/V chunk, each rank adding its part, until they come home.
+
+Causal load balance (layout="zigzag"): the sequence is cut into 2P chunks and rank r holds
+chunks r and 2P - 1 - r, back to back (zigzag_shard / zigzag_unshard). Every step then costs
+every rank the same: one square causal block on its own chunks (step 0), otherwise a full
+block of 2c queries by c keys (the source rank's first chunk, which every local query
+follows) or of c queries (the local second chunk) by 2c keys (ring_steps).
+
+    from cupy.cuda import nccl
+    comm = cuflash.distributed.RingComm(nccl.NcclCommunicator(world, uid, rank))
+    q, k, v = (cuflash.distributed.zigzag_shard(x, rank, world) for x in (q_full, ...))
+    out, lse = cuflash.distributed.ring_attention(q, k, v, comm, causal=True)
+    dq, dk, dv = cuflash.distributed.ring_attention_backward(dout, q, k, v, out, lse, comm,
+                                                             causal=True)
+
+Communication runs on the RingComm's own stream, overlapping the compute: the next K/V chunk
+is sent while the current one is attended. NCCL is the transport (cupy.cuda.nccl); a watchdog
+aborts the communicator when an exchange does not finish within the timeout (a lost peer), so
+the next call, or RingComm.synchronize(), raises instead of hanging.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import numpy as np
+
+from . import _api
+from .reference import _xp
+
+__all__ = ["RingComm", "ring_attention", "ring_attention_backward", "ring_attention_with_vjp",
+           "ring_steps", "zigzag_shard", "zigzag_unshard", "LAYOUTS"]
+
+LAYOUTS = ("zigzag", "contiguous")
+
+
+# --- the layout and the schedule (pure: the CPU tests check them) --------------------------
+
+def zigzag_shard(x, rank: int, world: int, axis: int = 1):
+    """Rank `rank`'s part of the full sequence x (its `axis` is the sequence): chunks rank and
+    2 world - 1 - rank of 2 world equal chunks, back to back (a copy)."""
+    _check_rank(rank, world)
+    n = x.shape[axis]
+    if n % (2 * world):
+        raise ValueError(f"zigzag layout: the sequence length ({n}) must be a multiple of "
+                         f"2 x world ({2 * world})")
+    chunks = _xp(x).split(x, 2 * world, axis=axis)
+    return _xp(x).concatenate([chunks[rank], chunks[2 * world - 1 - rank]], axis=axis)
+
+
+def zigzag_unshard(parts, axis: int = 1):
+    """The full sequence from every rank's zigzag part (a list in rank order): the inverse of
+    zigzag_shard."""
+    world = len(parts)
+    xp = _xp(parts[0])
+    halves = [xp.split(p, 2, axis=axis) for p in parts]
+    order = [halves[r][0] for r in range(world)] + [halves[r][1] for r in reversed(range(world))]
+    return xp.concatenate(order, axis=axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class RingStep:
+    """One step's block: queries q_rows of the local chunk against keys kv_rows of the chunk
+    in hand (which came from rank `src`), with the causal mask or none."""
+    src: int
+    q_rows: slice
+    kv_rows: slice
+    causal: bool
+
+
+def ring_steps(rank: int, world: int, n_local: int, causal: bool, layout: str = "zigzag"):
+    """The block each step of rank `rank` computes (None: nothing to attend). At step s the
+    chunk in hand is rank src = (rank - s) mod world's. Positions are global: a query attends
+    a key iff the key does not come after it (causal).
+
+    contiguous (rank r holds positions r n .. (r + 1) n - 1): src < r full, src == r causal,
+    src > r nothing (rank r does r + 1 blocks: unbalanced).
+    zigzag (rank r holds chunks a = r and b = 2P - 1 - r of length c = n / 2): src == r: the
+    causal n x n block (a before b, both ways); src < r: every local query follows the source's
+    first chunk and precedes its second: all n queries by its first c keys, full; src > r:
+    the local first chunk precedes both source chunks, the second follows both: the last c
+    queries by all n keys, full."""
+    _check_rank(rank, world)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    everything = slice(0, n_local)
+    steps = []
+    for s in range(world):
+        src = (rank - s) % world
+        if not causal:
+            steps.append(RingStep(src, everything, everything, False))
+        elif src == rank:
+            steps.append(RingStep(src, everything, everything, True))
+        elif layout == "contiguous":
+            steps.append(RingStep(src, everything, everything, False) if src < rank else None)
+        else:
+            if n_local % 2:
+                raise ValueError(f"zigzag layout: the local length ({n_local}) must be even "
+                                 "(two chunks of equal length)")
+            c = n_local // 2
+            steps.append(RingStep(src, everything, slice(0, c), False) if src < rank
+                         else RingStep(src, slice(c, n_local), everything, False))
+    return steps
+
+
+def merge_partial(xp, out, lse, rows: slice, O_s, L_s) -> None:
+    """Merge a partial (O_s, L_s) of rows `rows` into the running float32 (out, lse), in
+    place: L = log(e^L + e^L_s), O = e^(L_old - L) O + e^(L_s - L) O_s; rows that saw no key
+    in either (L = -inf) keep O = 0, L = -inf. out: (b, n, h, d), lse: (b, h, n)."""
+    L_old = lse[:, :, rows]
+    L_s = L_s.astype(xp.float32)
+    top = xp.maximum(L_old, L_s)
+    top = xp.where(xp.isfinite(top), top, xp.float32(0))           # (both -inf: weights 0)
+    w_old, w_s = xp.exp(L_old - top), xp.exp(L_s - top)
+    total = w_old + w_s                                  # (NaN stays NaN: never "no key")
+    safe = xp.where(total == 0, xp.float32(1), total)
+    lse[:, :, rows] = xp.where(total == 0, xp.float32(-np.inf), top + xp.log(safe))
+    to_rows = lambda w: (w / safe).transpose(0, 2, 1)[..., None]  # noqa: E731  (b, n, h, 1)
+    out[:, rows] = out[:, rows] * to_rows(w_old) + O_s.astype(xp.float32) * to_rows(w_s)
+
+
+def _check_rank(rank: int, world: int) -> None:
+    if not (isinstance(world, int) and world >= 1 and isinstance(rank, int)
+            and 0 <= rank < world):
+        raise ValueError(f"rank must be in 0 .. world - 1 (world >= 1), got rank {rank!r}, "
+                         f"world {world!r}")
+
+
+# --- the ring loop, generic over the transport and the block kernels -----------------------
+
+def _ring_forward(ring, attend, q, k, v, causal: bool, layout: str):
+    """(out, lse) of the local queries over the whole sequence. ring: the transport
+    (rank, world, exchange(sends, recvs) -> handle, wait(handle)); attend(q, k, v, causal) ->
+    (O_s, L_s), one block's FA2 forward."""
+    xp = _xp(q)
+    batch, n, heads, d = q.shape
+    out = xp.zeros((batch, n, heads, d), dtype=xp.float32)
+    lse = xp.full((batch, heads, n), -np.inf, dtype=xp.float32)
+    steps = ring_steps(ring.rank, ring.world, n, causal, layout)
+    kv, spare = (k, v), None
+    for s, step in enumerate(steps):
+        pending = None
+        if s + 1 < ring.world:  # send the chunk in hand on while it is attended
+            spare = spare or (xp.empty_like(k), xp.empty_like(v))
+            pending = ring.exchange(kv, spare)
+        if step is not None:
+            O_s, L_s = attend(q[:, step.q_rows], kv[0][:, step.kv_rows],
+                              kv[1][:, step.kv_rows], step.causal)
+            merge_partial(xp, out, lse, step.q_rows, O_s, L_s)
+        if pending is not None:
+            ring.wait(pending)
+            kv, spare = spare, (kv if kv[0] is not k else None)
+    return out.astype(q.dtype), lse
+
+
+def _ring_backward(ring, attend_backward, dout, q, k, v, out, lse, causal: bool, layout: str):
+    """(dq, dk, dv) of the local chunk. attend_backward(dout, q, k, v, out, lse, causal) ->
+    one block's (dq, dk, dv) from the global out and lse. dK, dV sums (float32) travel with
+    their K/V chunk and come home after world exchanges."""
+    xp = _xp(q)
+    n = q.shape[1]
+    dq = xp.zeros(q.shape, dtype=xp.float32)
+    dkv = (xp.zeros(k.shape, dtype=xp.float32), xp.zeros(v.shape, dtype=xp.float32))
+    dkv_spare = (xp.empty_like(dkv[0]), xp.empty_like(dkv[1])) if ring.world > 1 else None
+    steps = ring_steps(ring.rank, ring.world, n, causal, layout)
+    kv, spare, arriving = (k, v), None, None
+    for s, step in enumerate(steps):
+        pending = None
+        if s + 1 < ring.world:
+            spare = spare or (xp.empty_like(k), xp.empty_like(v))
+            pending = ring.exchange(kv, spare)
+        if step is not None:
+            qr, kr = step.q_rows, step.kv_rows
+            lse_rows = xp.ascontiguousarray(lse[:, :, qr])
+            dq_s, dk_s, dv_s = attend_backward(dout[:, qr], q[:, qr], kv[0][:, kr],
+                                               kv[1][:, kr], out[:, qr], lse_rows, step.causal)
+        if arriving is not None:  # this chunk's dK, dV sums so far, from rank - 1
+            ring.wait(arriving)
+        if step is not None:
+            dq[:, qr] += dq_s.astype(xp.float32)
+            dkv[0][:, kr] += dk_s.astype(xp.float32)
+            dkv[1][:, kr] += dv_s.astype(xp.float32)
+        if ring.world > 1:  # pass the sums on with the chunk (the last exchange brings
+            arriving = ring.exchange(dkv, dkv_spare)  # this rank's own home)
+            dkv, dkv_spare = dkv_spare, dkv
+        if pending is not None:
+            ring.wait(pending)
+            kv, spare = spare, (kv if kv[0] is not k else None)
+    if arriving is not None:
+        ring.wait(arriving)
+    return dq.astype(q.dtype), dkv[0].astype(k.dtype), dkv[1].astype(v.dtype)
+
+
+# --- CUDA: cuflash's kernels, NCCL on its own stream ---------------------------------------
+
+class _Watchdog:
+    """Gives up on transfers that do not finish: a thread polls the tracked completion events
+    (objects with .done) and, past an event's deadline or on an error from `probe()` (NCCL's
+    asynchronous error), records the problem and calls `abort()` once. NCCL alone would wait
+    for a lost peer forever."""
+
+    def __init__(self, timeout: float, abort, probe, name: str):
+        self.timeout, self._abort, self._probe = timeout, abort, probe
+        self.error: str | None = None
+        self._lock = threading.Lock()
+        self._pending: list = []  # (event, deadline, what)
+        self._wake = threading.Event()
+        threading.Thread(target=self._run, daemon=True, name=name).start()
+
+    def track(self, event, what: str) -> None:
+        with self._lock:
+            self._pending.append((event, time.monotonic() + self.timeout, what))
+        self._wake.set()
+
+    def wait_host(self, event) -> None:
+        """Wait on the host for one event; raises RuntimeError once the watchdog gave up."""
+        while not event.done:
+            self.check()
+            time.sleep(0.0005)
+        self.check()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(self.error)
+
+    def pending(self) -> list:
+        with self._lock:
+            return [e for e, _, _ in self._pending]
+
+    def _run(self) -> None:
+        while self.error is None:
+            with self._lock:
+                self._pending = [p for p in self._pending if not p[0].done]
+                idle = not self._pending
+                late = [p for p in self._pending if p[1] < time.monotonic()]
+            if idle:
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            problem = None
+            if late:
+                problem = (f"did not finish an NCCL {late[0][2]} within {self.timeout:g} s (a "
+                           "lost or stalled peer)")
+            else:
+                try:
+                    self._probe()
+                except Exception as exc:  # (NcclError)
+                    problem = f"NCCL reported an error: {exc}"
+            if problem is not None:
+                self.error = f"ring attention {problem}; the communicator was aborted"
+                self._abort()
+                return
+            self._wake.wait(0.05)
+            self._wake.clear()
+
+
+class RingComm:
+    """An NCCL communicator (cupy.cuda.nccl.NcclCommunicator, one per process and GPU) as the
+    ring's transport: its own CUDA stream for the transfers, and a watchdog that aborts the
+    communicator when a transfer has not finished after `timeout` seconds (a lost or stalled
+    peer). After that every call raises RuntimeError. Create it on the GPU the communicator
+    was made for."""
+
+    def __init__(self, comm, timeout: float = 300.0):
+        cupy = _api._cupy()
+        if isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.comm, self.timeout = comm, float(timeout)
+        self.rank, self.world = comm.rank_id(), comm.size()
+        self.device = comm.device_id()
+        with cupy.cuda.Device(self.device):
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._nccl_lock = threading.Lock()  # (NCCL calls against the watchdog's abort)
+        self._agreed: set = set()
+        self._watchdog = _Watchdog(self.timeout, self._abort, self._probe,
+                                   f"cuflash-ring-watchdog-{self.rank}")
+
+    def _abort(self) -> None:
+        with self._nccl_lock:
+            if self.comm is not None:
+                self.comm.abort()  # (NCCL's kernels waiting on the lost peer return)
+                self.comm = None
+
+    def _probe(self) -> None:
+        comm = self.comm
+        if comm is not None:
+            comm.check_async_error()
+
+    def check(self) -> None:
+        """Raises RuntimeError where the watchdog gave up (the communicator is aborted)."""
+        self._watchdog.check()
+
+    def _enqueue(self, what: str, calls) -> object:
+        """Run NCCL calls (a function of the comm stream's pointer) on the comm stream after
+        the current stream's work so far; returns their completion event, watched."""
+        from cupy.cuda import nccl
+        cupy = _api._cupy()
+        self.check()
+        ready = cupy.cuda.Event(block=False, disable_timing=True)
+        ready.record()
+        self.stream.wait_event(ready)
+        with self._nccl_lock:
+            self.check()
+            nccl.groupStart()
+            try:
+                calls(self.comm, self.stream.ptr)
+            finally:
+                nccl.groupEnd()
+        done = cupy.cuda.Event(block=False, disable_timing=True)
+        done.record(self.stream)
+        self._watchdog.track(done, what)
+        return done
+
+    # the transport interface of _ring_forward / _ring_backward
+    def exchange(self, sends, recvs):
+        """Send each (C-contiguous) array of `sends` to rank + 1 and receive each of `recvs`
+        (same shapes) from rank - 1, on the comm stream, after the current stream's work so
+        far (which may still read the arrays `recvs` replace). Returns the completion event."""
+        from cupy.cuda import nccl
+        nxt, prv = (self.rank + 1) % self.world, (self.rank - 1) % self.world
+
+        def calls(comm, stream):
+            for x in sends:
+                comm.send(x.data.ptr, x.nbytes, nccl.NCCL_UINT8, nxt, stream)
+            for x in recvs:
+                comm.recv(x.data.ptr, x.nbytes, nccl.NCCL_UINT8, prv, stream)
+        return self._enqueue("exchange", calls)
+
+    def wait(self, done) -> None:
+        """The current stream waits (on the GPU) for a transfer."""
+        _api._cupy().cuda.get_current_stream().wait_event(done)
+
+    def agree(self, key: tuple) -> None:
+        """Every rank must call with the same local shapes and options (NCCL's transfers carry
+        no sizes to compare): checked once per key by an all-gather (a synchronisation)."""
+        if key in self._agreed:
+            return
+        from cupy.cuda import nccl
+        cupy = _api._cupy()
+        mine = np.frombuffer(repr(key).encode().ljust(256)[:256], dtype=np.uint8)
+        with cupy.cuda.Device(self.device):
+            send = cupy.asarray(mine)
+            recv = cupy.empty((self.world, 256), dtype=cupy.uint8)
+            done = self._enqueue("all-gather", lambda comm, stream: comm.allGather(
+                send.data.ptr, recv.data.ptr, 256, nccl.NCCL_UINT8, stream))
+            self._watchdog.wait_host(done)
+            every = cupy.asnumpy(recv)
+        differ = [r for r in range(self.world) if not (every[r] == mine).all()]
+        if differ:
+            raise ValueError(f"ring attention: ranks {differ} called with other shapes, dtypes "
+                             f"or options than rank {self.rank} ({key}); every rank must pass "
+                             "the same")
+        self._agreed.add(key)
+
+    def barrier(self) -> None:
+        """Return once every rank has called barrier (a one-byte all-gather, waited on the
+        host); raises RuntimeError where a peer never comes (the watchdog's timeout)."""
+        from cupy.cuda import nccl
+        cupy = _api._cupy()
+        with cupy.cuda.Device(self.device):
+            send = cupy.zeros(1, dtype=cupy.uint8)
+            recv = cupy.empty(self.world, dtype=cupy.uint8)
+            done = self._enqueue("barrier", lambda comm, stream: comm.allGather(
+                send.data.ptr, recv.data.ptr, 1, nccl.NCCL_UINT8, stream))
+            self._watchdog.wait_host(done)
+
+    def synchronize(self) -> None:
+        """Wait until every transfer issued so far has finished; raises RuntimeError where
+        the watchdog gave up on one (a lost peer) or NCCL reported an error."""
+        for e in self._watchdog.pending():
+            self._watchdog.wait_host(e)
+        self.check()
+
+
+_rings: dict = {}
+
+
+def _ring(comm):
+    if isinstance(comm, RingComm):
+        return comm
+    ring = _rings.get(id(comm))
+    if ring is None or ring.comm is not comm:
+        ring = _rings[id(comm)] = RingComm(comm)
+    return ring
+
+
+def _contiguous(x):
+    return x if x.flags.c_contiguous else _api._cupy().ascontiguousarray(x)
+
+
+def _check_options(window_size, alibi_slopes, layout) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if tuple(window_size) != (-1, -1) or alibi_slopes is not None:
+        raise ValueError("window_size and alibi_slopes are not available with ring attention "
+                         "yet (the kernels take no global position offset)")
+
+
+def ring_attention(q, k, v, comm, causal: bool = False, softmax_scale: float | None = None,
+                   *, softcap: float = 0.0, layout: str = "zigzag", window_size=(-1, -1),
+                   alibi_slopes=None):
+    """The forward of attention over a sequence split across the ring's GPUs.
+
+    q, k, v : this rank's chunk, (batch, n_local, heads, d) / (batch, n_local, heads_k, d),
+        the same shapes on every rank (the rules of :func:`cuflash.forward`).
+    comm : a RingComm, or a cupy.cuda.nccl.NcclCommunicator (wrapped in a RingComm, kept).
+    causal : the mask over global positions; the chunks must be in `layout`: "zigzag"
+        (zigzag_shard: balanced) or "contiguous" (rank r holds the r-th of P equal parts).
+        Without causal, any equal split works.
+    softmax_scale, softcap : as :func:`cuflash.forward`.
+
+    Returns (out, lse) of this rank's queries over the whole sequence: out like q, lse
+    float32 (batch, heads, n_local). Runs on the current stream; the transfers on the comm's.
+    """
+    _check_options(window_size, alibi_slopes, layout)
+    _, device_id, _ = _api._check_qkv(q, k, v)
+    ring = _ring(comm)
+    if device_id != ring.device:
+        raise ValueError(f"q is on GPU {device_id}, the communicator on GPU {ring.device}")
+    causal = _api._check_flag("causal", causal)
+    k, v = _contiguous(k), _contiguous(v)  # (NCCL sends them as bytes)
+    ring.agree(("fwd", q.shape, k.shape, str(q.dtype), causal, softmax_scale, softcap, layout))
+
+    def attend(qb, kb, vb, block_causal):
+        return _api.forward(qb, kb, vb, causal=block_causal, softmax_scale=softmax_scale,
+                            softcap=softcap)
+    return _ring_forward(ring, attend, q, k, v, causal, layout)
+
+
+def ring_attention_backward(dout, q, k, v, out, lse, comm, causal: bool = False,
+                            softmax_scale: float | None = None, *, softcap: float = 0.0,
+                            layout: str = "zigzag", window_size=(-1, -1), alibi_slopes=None):
+    """Gradients of :func:`ring_attention` for this rank's chunk: (dq, dk, dv) like q, k, v.
+    Every rank calls it with the same options as the forward."""
+    _check_options(window_size, alibi_slopes, layout)
+    _, device_id, _ = _api._check_qkv(q, k, v)
+    ring = _ring(comm)
+    if device_id != ring.device:
+        raise ValueError(f"q is on GPU {device_id}, the communicator on GPU {ring.device}")
+    causal = _api._check_flag("causal", causal)
+    k, v = _contiguous(k), _contiguous(v)
+    ring.agree(("bwd", q.shape, k.shape, str(q.dtype), causal, softmax_scale, softcap, layout))
+
+    def attend_backward(dob, qb, kb, vb, ob, lb, block_causal):
+        return _api.backward(dob, qb, kb, vb, ob, lb, causal=block_causal,
+                             softmax_scale=softmax_scale, softcap=softcap)
+    return _ring_backward(ring, attend_backward, dout, q, k, v, out, lse, causal, layout)
+
+
+def ring_attention_with_vjp(q, k, v, comm, causal: bool = False,
+                            softmax_scale: float | None = None, *, softcap: float = 0.0,
+                            layout: str = "zigzag"):
+    """``out, vjp = ring_attention_with_vjp(...)``; ``dq, dk, dv = vjp(dout)``. Residuals: q,
+    k, v, out and lse of the local chunk (no N x N matrix)."""
+    out, lse = ring_attention(q, k, v, comm, causal, softmax_scale, softcap=softcap,
+                              layout=layout)
+
+    def vjp(dout):
+        return ring_attention_backward(dout, q, k, v, out, lse, comm, causal, softmax_scale,
+                                       softcap=softcap, layout=layout)
+    return out, vjp
