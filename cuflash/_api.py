@@ -527,9 +527,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_s
     cupy = _cupy()
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_type(cupy, name, x)
-        if x.ndim != 3:
-            raise ValueError(f"{name} must be 3-D (total, heads, headdim) for a variable-length "
-                             f"batch, got shape {x.shape}")
+        _check_packed_rank(name, x)
     if out is not None:
         _check_type(cupy, "out", out)
         if out.ndim != 3:
@@ -542,6 +540,48 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_s
     out4, lse = _forward(q4, k4, v4, causal, softmax_scale, out4, lse, "fa2", verbose, None,
                          window_size, softcap, alibi_slopes, packed)
     return (out if out is not None else out4[0]), lse
+
+
+def _check_packed_rank(name: str, x) -> None:
+    if x.ndim != 3:
+        raise ValueError(f"{name} must be 3-D (total, heads, headdim) for a variable-length "
+                         f"batch, got shape {x.shape}")
+
+
+def _check_cu_array(name: str, cu) -> None:
+    """A device (or traced) cu_seqlens array's metadata: 1-D int32, batch + 1 >= 2 entries."""
+    if cu.dtype != np.int32 or cu.ndim != 1 or cu.size < 2:
+        raise ValueError(f"{name} on the GPU must be a 1-D int32 array of batch + 1 >= 2 "
+                         f"entries, got {cu.dtype} shape {cu.shape}")
+
+
+def _check_cu_sizes(size_q: int, size_k: int) -> int:
+    """The batch of two cu_seqlens of these sizes."""
+    if size_q != size_k:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), "
+                         f"got {size_q} and {size_k}")
+    batch = size_q - 1
+    if batch > _GRID_YZ_MAX:
+        raise ValueError(f"batch ({batch}) must be <= {_GRID_YZ_MAX}")
+    return batch
+
+
+def _max_seqlen(name: str, given, host) -> int:
+    """max_seqlen_q / _k: the given value checked (an int >= 0, not below the longest of host
+    cu_seqlens), or the longest of host cu_seqlens where none is given."""
+    real = int(np.diff(host).max()) if host is not None else None
+    if given is None:
+        if real is None:
+            raise ValueError(f"{name} is needed with cu_seqlens on the GPU (or pass "
+                             "check_cu_seqlens=True, which reads them back)")
+        given = real
+    if not isinstance(given, (int, np.integer)) or isinstance(given, (bool, np.bool_)) \
+            or given < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {given!r}")
+    if real is not None and given < real:
+        raise ValueError(f"{name} = {given} is less than the longest sequence ({real}): "
+                         "its rows past that would be left out")
+    return int(given)
 
 
 class _Packed:
@@ -569,9 +609,7 @@ def _packed(cupy, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, total_q),
                             ("cu_seqlens_k", cu_seqlens_k, total_k)):
         if isinstance(cu, cupy.ndarray):
-            if cu.dtype != np.int32 or cu.ndim != 1 or cu.size < 2:
-                raise ValueError(f"{name} on the GPU must be a 1-D int32 array of batch + 1 >= "
-                                 f"2 entries, got {cu.dtype} shape {cu.shape}")
+            _check_cu_array(name, cu)
             if not cu.flags.c_contiguous:
                 raise ValueError(f"{name} must be contiguous")
             _check_device(cupy, {"q": q, name: cu})
@@ -585,30 +623,10 @@ def _packed(cupy, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             host = _check_cu(cu, total, name)
             cus[name] = (None, host)
     (cu_q, host_q), (cu_k, host_k) = cus["cu_seqlens_q"], cus["cu_seqlens_k"]
-    size_q = cu_q.size if cu_q is not None else host_q.size
-    size_k = cu_k.size if cu_k is not None else host_k.size
-    if size_q != size_k:
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), "
-                         f"got {size_q} and {size_k}")
-    batch = size_q - 1
-    if batch > _GRID_YZ_MAX:
-        raise ValueError(f"batch ({batch}) must be <= {_GRID_YZ_MAX}")
-    maxes = []
-    for name, given, host in (("max_seqlen_q", max_seqlen_q, host_q),
-                              ("max_seqlen_k", max_seqlen_k, host_k)):
-        real = int(np.diff(host).max()) if host is not None else None
-        if given is None:
-            if real is None:
-                raise ValueError(f"{name} is needed with cu_seqlens on the GPU (or pass "
-                                 "check_cu_seqlens=True, which reads them back)")
-            given = real
-        if not isinstance(given, (int, np.integer)) or isinstance(given, (bool, np.bool_)) \
-                or given < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {given!r}")
-        if real is not None and given < real:
-            raise ValueError(f"{name} = {given} is less than the longest sequence ({real}): "
-                             "its rows past that would be left out")
-        maxes.append(int(given))
+    batch = _check_cu_sizes(cu_q.size if cu_q is not None else host_q.size,
+                            cu_k.size if cu_k is not None else host_k.size)
+    maxes = [_max_seqlen("max_seqlen_q", max_seqlen_q, host_q),
+             _max_seqlen("max_seqlen_k", max_seqlen_k, host_k)]
     if cu_q is None:
         cu_q = cupy.asarray(host_q.astype(np.int32))
     if cu_k is None:
@@ -983,9 +1001,7 @@ def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     cupy = _cupy()
     for name, x in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)):
         _check_type(cupy, name, x)
-        if x.ndim != 3:
-            raise ValueError(f"{name} must be 3-D (total, heads, headdim) for a variable-length "
-                             f"batch, got shape {x.shape}")
+        _check_packed_rank(name, x)
     packed = _packed(cupy, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      _check_flag("check_cu_seqlens", check_cu_seqlens))
     _check_type(cupy, "lse", lse)

@@ -34,7 +34,7 @@ except ImportError as exc:
 
 from . import _api, reference
 
-__all__ = ["flash_attention"]
+__all__ = ["flash_attention", "flash_attention_varlen"]
 
 
 def flash_attention(q, k, v, causal: bool = False, softmax_scale: float | None = None, *,
@@ -75,6 +75,59 @@ def flash_attention(q, k, v, causal: bool = False, softmax_scale: float | None =
     return (out, lse) if return_lse else out
 
 
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                           max_seqlen_k: int, causal: bool = False,
+                           softmax_scale: float | None = None, *, window_size=(-1, -1),
+                           softcap: float = 0.0, alibi_slopes=None, deterministic: bool = False,
+                           return_lse: bool = False):
+    """FlashAttention-2 over a variable-length batch packed back to back (no padding), on JAX
+    arrays: :func:`cuflash.forward_varlen` and its backward under ``jax.jit`` and
+    ``jax.grad``.
+
+    q : (total_q, nheads, headdim); k, v : (total_k, nheads_k, headdim), float16 or bfloat16
+    cu_seqlens_q, cu_seqlens_k : int32, batch + 1 entries each: sequence b is rows
+        ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q (and of k, v with cu_seqlens_k). Host
+        values (NumPy arrays, lists) are checked at trace time; JAX arrays (traced, so that
+        one compiled step serves every batch) are trusted as the CuPy API trusts device
+        arrays: a wrong one makes the kernels read and write out of bounds.
+    max_seqlen_q, max_seqlen_k : int, static: the longest sequence's lengths (they size the
+        grid; at least the real longest). None with host cu_seqlens: computed from them.
+    The other options as :func:`flash_attention`; alibi_slopes (nheads,) or (batch, nheads).
+    With ``deterministic=True`` the backward reads cu_seqlens back to the host (a
+    synchronisation inside the step, as :func:`cuflash.backward_varlen` does).
+
+    Returns ``out`` (q's shape and dtype), or ``(out, lse)`` with lse float32 (nheads,
+    total_q). Not under ``vmap`` (one packed batch is already the batch).
+    """
+    q, k, v = (jnp.asarray(x) for x in (q, k, v))
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _api._check_packed_rank(name, x)
+    cus, hosts = [], []
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]),
+                            ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
+        if isinstance(cu, jax.Array):  # (tracers too)
+            _api._check_cu_array(name, _Meta(cu))
+            cus.append(cu)
+            hosts.append(None)
+        else:  # host values: checked here (reference.check_cu_seqlens), then a constant
+            host = reference.check_cu_seqlens(cu, total, name)
+            cus.append(jnp.asarray(host, jnp.int32))
+            hosts.append(host)
+    batch = _api._check_cu_sizes(cus[0].shape[0], cus[1].shape[0])
+    maxes = (_api._max_seqlen("max_seqlen_q", max_seqlen_q, hosts[0]),
+             _api._max_seqlen("max_seqlen_k", max_seqlen_k, hosts[1]))
+    # the dense checks on the batch of one that the kernels address per entry (forward_varlen's)
+    one = [jax.ShapeDtypeStruct((1,) + x.shape, x.dtype) for x in (q, k, v)]
+    opts = _options(*one, causal, softmax_scale, window_size, softcap, alibi_slopes,
+                    deterministic, "fa2", batch=batch, seqlens=maxes)
+    opts = dataclasses.replace(opts, packed=maxes)
+    slopes = None
+    if alibi_slopes is not None:
+        slopes = jnp.broadcast_to(alibi_slopes, (batch, q.shape[1]))
+    out, lse = _attention_varlen_jit(opts, q, k, v, slopes, cus[0], cus[1])
+    return (out, lse) if return_lse else out
+
+
 # --- trace-time checks ---------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +141,7 @@ class _Options:
     deterministic: bool
     dtype: str
     algorithm: str
+    packed: tuple | None = None  # (max_seqlen_q, max_seqlen_k) of a packed batch
 
 
 class _Meta:
@@ -106,13 +160,20 @@ class _Meta:
 
 
 def _options(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
-             deterministic, algorithm) -> _Options:
+             deterministic, algorithm, batch=None, seqlens=None) -> _Options:
+    """The checks of cuflash.forward on metadata. batch, seqlens: a packed batch's entries and
+    longest lengths (the batch of one q, k, v then stand for)."""
     meta = [_Meta(x) for x in (q, k, v)]
     _api._check_shapes_uncached(*meta)
     causal = _api._check_flag("causal", causal)
     deterministic = _api._check_flag("deterministic", deterministic)
     _api._check_algorithm(algorithm)
-    batch, seqlen_q, _, d = meta[0].shape
+    _, seqlen_q, _, d = meta[0].shape
+    seqlen_k = meta[1].shape[1]
+    if batch is None:
+        batch = meta[0].shape[0]
+    if seqlens is not None:
+        seqlen_q, seqlen_k = seqlens
     scale = _api._softmax_scale(softmax_scale, d)
     if alibi_slopes is not None and not hasattr(alibi_slopes, "shape"):
         raise TypeError(f"alibi_slopes must be a JAX array, got "
@@ -121,7 +182,7 @@ def _options(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
     # on metadata (cupy None)
     _api._call_features(None, causal, window_size, softcap,
                         None if alibi_slopes is None else _Meta(alibi_slopes), meta[0], batch,
-                        seqlen_q, meta[1].shape[1], d, scale, algorithm)
+                        seqlen_q, seqlen_k, d, scale, algorithm)
     return _Options(causal, scale, tuple(int(w) for w in window_size), float(softcap),
                     deterministic, np.dtype(q.dtype).name, algorithm)
 
@@ -166,6 +227,45 @@ _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 # its branch of platform_dependent chosen, by the arrays' device (eagerly, platform_dependent
 # would follow JAX's default device instead).
 _attention_jit = jax.jit(_attention, static_argnums=0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention_varlen(opts, q, k, v, slopes, cu_q, cu_k):
+    return _forward_varlen_call(opts, q, k, v, slopes, cu_q, cu_k)
+
+
+def _attention_varlen_fwd(opts, q, k, v, slopes, cu_q, cu_k):
+    if slopes is not None and slopes.perturbed:
+        raise ValueError("cuflash.jax.flash_attention_varlen computes no gradient with respect "
+                         "to alibi_slopes: pass them through jax.lax.stop_gradient")
+    q, k, v, cu_q, cu_k = (x.value for x in (q, k, v, cu_q, cu_k))
+    slopes = None if slopes is None else slopes.value
+    out, lse = _forward_varlen_call(opts, q, k, v, slopes, cu_q, cu_k)
+    return (out, lse), (q, k, v, slopes, cu_q, cu_k, out, lse)
+
+
+def _attention_varlen_bwd(opts, residuals, cotangents):
+    q, k, v, slopes, cu_q, cu_k, out, lse = residuals
+    dout, dlse = cotangents
+    if not isinstance(dlse, SymbolicZero):
+        raise ValueError("cuflash.jax.flash_attention_varlen's lse is not differentiable: a "
+                         "gradient flows into it")
+    if isinstance(dout, SymbolicZero):
+        dout = jnp.zeros(out.shape, out.dtype)
+    shapes = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
+    dq, dk, dv = _platform_call(opts, "backward_varlen", shapes, dout, q, k, v, out, lse, slopes,
+                                cu_q, cu_k)
+    return dq, dk, dv, None, None, None
+
+
+_attention_varlen.defvjp(_attention_varlen_fwd, _attention_varlen_bwd, symbolic_zeros=True)
+_attention_varlen_jit = jax.jit(_attention_varlen, static_argnums=0)
+
+
+def _forward_varlen_call(opts, q, k, v, slopes, cu_q, cu_k):
+    shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
+              jax.ShapeDtypeStruct((q.shape[1], q.shape[0]), jnp.float32))
+    return _platform_call(opts, "forward_varlen", shapes, q, k, v, slopes, cu_q, cu_k)
 
 
 def _varying(x) -> frozenset:
@@ -219,9 +319,13 @@ def _callback(opts: _Options, which: str, platform: str, shapes: tuple):
     gives the same primitive, and jit's caches see equal computations. vmap folds its axes
     into the batch (broadcast_all: every input gets them, the callback reshapes)."""
     run = {("forward", "cuda"): _gpu_forward, ("backward", "cuda"): _gpu_backward,
-           ("forward", "cpu"): _cpu_forward, ("backward", "cpu"): _cpu_backward}
+           ("forward", "cpu"): _cpu_forward, ("backward", "cpu"): _cpu_backward,
+           ("forward_varlen", "cuda"): _gpu_forward_varlen,
+           ("backward_varlen", "cuda"): _gpu_backward_varlen,
+           ("forward_varlen", "cpu"): _cpu_forward_varlen,
+           ("backward_varlen", "cpu"): _cpu_backward_varlen}
     return buffer_callback(functools.partial(run[which, platform], opts), shapes,
-                           vmap_method="broadcast_all")
+                           vmap_method=None if opts.packed else "broadcast_all")
 
 
 def _fold(shape: tuple, tail: int) -> tuple:
@@ -232,7 +336,7 @@ def _fold(shape: tuple, tail: int) -> tuple:
 # --- CUDA: cuflash's kernels on XLA's stream -----------------------------------------------
 
 _DTYPES = {"float16": np.dtype(np.float16), "bfloat16": jnp.dtype(jnp.bfloat16),
-           "float32": np.dtype(np.float32)}
+           "float32": np.dtype(np.float32), "int32": np.dtype(np.int32)}
 _streams: dict = {}
 
 
@@ -314,6 +418,39 @@ def _gpu_backward(opts, ctx, outputs, dout, q, k, v, out, lse, slopes):
                       deterministic=opts.deterministic, dq=dQ, dk=dK, dv=dV)
 
 
+def _gpu_forward_varlen(opts, ctx, outputs, q, k, v, slopes, cu_q, cu_k):
+    cupy = _api._cupy()
+    out, lse = outputs
+    hit = _stream(cupy, ctx.stream, (out, lse, cu_q))
+    if hit is None:
+        return
+    stream, device = hit
+    with _api._on_device(cupy, device), stream:
+        Q, K, V, O = (_view(cupy, x, opts.dtype, 3, device) for x in (q, k, v, out))
+        _api.forward_varlen(Q, K, V, _view(cupy, cu_q, "int32", 1, device),
+                            _view(cupy, cu_k, "int32", 1, device), *opts.packed,
+                            **_features(opts),
+                            alibi_slopes=_view(cupy, slopes, "float32", 2, device),
+                            out=O, lse=_view(cupy, lse, "float32", 2, device))
+
+
+def _gpu_backward_varlen(opts, ctx, outputs, dout, q, k, v, out, lse, slopes, cu_q, cu_k):
+    cupy = _api._cupy()
+    hit = _stream(cupy, ctx.stream, (*outputs, cu_q))
+    if hit is None:
+        return
+    stream, device = hit
+    with _api._on_device(cupy, device), stream:
+        dO, Q, K, V, O, dQ, dK, dV = (_view(cupy, x, opts.dtype, 3, device)
+                                      for x in (dout, q, k, v, out, *outputs))
+        _api.backward_varlen(dO, Q, K, V, O, _view(cupy, lse, "float32", 2, device),
+                             _view(cupy, cu_q, "int32", 1, device),
+                             _view(cupy, cu_k, "int32", 1, device), *opts.packed,
+                             **_features(opts),
+                             alibi_slopes=_view(cupy, slopes, "float32", 2, device),
+                             deterministic=opts.deterministic, dq=dQ, dk=dK, dv=dV)
+
+
 # --- CPU: the float64 reference (tests, debugging) -----------------------------------------
 
 def _host(buf, tail: int):
@@ -342,3 +479,22 @@ def _cpu_backward(opts, ctx, outputs, dout, q, k, v, out, lse, slopes):
     for g, buf in zip(grads, outputs):
         dst = np.asarray(buf)
         dst[...] = g.astype(dst.dtype).reshape(dst.shape)
+
+
+def _cpu_forward_varlen(opts, ctx, outputs, q, k, v, slopes, cu_q, cu_k):
+    del ctx
+    O, L = reference.attention_naive_varlen(*(np.asarray(x) for x in (q, k, v, cu_q, cu_k)),
+                                            **_features(opts), alibi_slopes=_host(slopes, 2))
+    out, lse = (np.asarray(x) for x in outputs)
+    out[...] = O.astype(out.dtype)
+    lse[...] = L.astype(np.float32)
+
+
+def _cpu_backward_varlen(opts, ctx, outputs, dout, q, k, v, out, lse, slopes, cu_q, cu_k):
+    del ctx, out, lse  # (the float64 gradients recompute them)
+    grads = reference.attention_backward_naive_varlen(
+        *(np.asarray(x) for x in (dout, q, k, v, cu_q, cu_k)), **_features(opts),
+        alibi_slopes=_host(slopes, 2))
+    for g, buf in zip(grads, outputs):
+        dst = np.asarray(buf)
+        dst[...] = g.astype(dst.dtype)

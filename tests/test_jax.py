@@ -292,3 +292,86 @@ def test_jitted_steps_queue_without_host_synchronisation():
     jax.block_until_ready(results)
     total = time.perf_counter() - t0
     assert queued < 0.5 * total, f"dispatch took {queued:.4f} s of {total:.4f} s: synchronous"
+
+
+VARLEN = {"plain": {}, "causal": {"causal": True},
+          "window softcap": {"causal": True, "window_size": (9, 0), "softcap": 7.0},
+          "alibi": {"alibi": (3,)}}
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["host cu_seqlens", "traced cu_seqlens"])
+@pytest.mark.parametrize("feature", list(VARLEN))
+def test_varlen_forward_and_gradients_match_float64(device, feature, traced):
+    """flash_attention_varlen under jit(value_and_grad): sequences of 0..70 tokens packed back
+    to back (GQA), by the accuracy rule against float64 attention per sequence."""
+    lens_q, lens_k = [17, 0, 70, 33], [40, 5, 70, 1]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    heads, heads_k, d = 6, 3, 32
+    (q, k, v, dout), (Q, K, V, dO) = _inputs(
+        device, [(cu_q[-1], heads, d), (cu_k[-1], heads_k, d), (cu_k[-1], heads_k, d),
+                 (cu_q[-1], heads, d)], jnp.bfloat16, seed=3)
+    kw = dict(VARLEN[feature])
+    slopes = None
+    if "alibi" in kw:
+        kw.pop("alibi")
+        slopes = np.array([0.5, 0.25, 0.125, 0.3, 0.2, 0.1], np.float32)
+    S = None if slopes is None else jax.device_put(slopes, device)
+    cus = (jax.device_put(cu_q, device), jax.device_put(cu_k, device)) if traced \
+        else (cu_q, cu_k)
+
+    def loss(Q, K, V, cq, ck):
+        out, lse = cjax.flash_attention_varlen(Q, K, V, cq, ck, 70, 70, alibi_slopes=S,
+                                               return_lse=True, **kw)
+        return jnp.sum(out.astype(jnp.float32) * dO.astype(jnp.float32)), (out, lse)
+
+    if traced:
+        step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+        (_, (out, lse)), grads = step(Q, K, V, *cus)
+    else:
+        step = jax.jit(jax.value_and_grad(lambda a, b, c: loss(a, b, c, *cus),
+                                          argnums=(0, 1, 2), has_aux=True))
+        (_, (out, lse)), grads = step(Q, K, V)
+    f64 = [x.astype(np.float64) for x in (q, k, v, dout)]
+    O, L = reference.attention_naive_varlen(*f64[:3], cu_q, cu_k, alibi_slopes=slopes, **kw)
+    assert out.shape == q.shape and lse.shape == (heads, cu_q[-1])
+    ref = reference.attention_backward_naive_varlen(f64[3], *f64[:3], cu_q, cu_k,
+                                                    alibi_slopes=slopes, **kw)
+    for b in range(len(lens_q)):  # the rule per sequence, its own naive error as the yardstick
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if qs.start == qs.stop:
+            continue
+        bslopes = slopes
+        naive = reference.attention_naive_same_dtype(q[None, qs], k[None, ks], v[None, ks],
+                                                     alibi_slopes=bslopes, **kw)[0]
+        _assert_accurate(np.asarray(out)[qs], naive, O[qs], 2, f"out[{b}]")
+        if ks.start == ks.stop:
+            continue
+        gn = reference.attention_backward_naive_same_dtype(
+            dout[None, qs], q[None, qs], k[None, ks], v[None, ks], alibi_slopes=bslopes, **kw)
+        for name, g, r, n, rows in zip(("dq", "dk", "dv"), grads, ref, gn, (qs, ks, ks)):
+            _assert_accurate(np.asarray(g)[rows], n[0], r[rows], 3, f"{name}[{b}]")
+    fin = np.isfinite(L)
+    assert (np.isneginf(np.asarray(lse)) == ~fin).all()
+    assert _err(np.asarray(lse)[fin], L[fin]) <= 1e-3
+
+
+def test_varlen_refuses_bad_input_at_trace_time():
+    q = jax.ShapeDtypeStruct((10, 2, 16), jnp.float16)
+    f = cjax.flash_attention_varlen
+    with pytest.raises(ValueError, match="must be 3-D"):
+        jax.eval_shape(lambda q: f(q[None], q, q, [0, 10], [0, 10], 10, 10), q)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        jax.eval_shape(lambda q: f(q, q, q, [0, 11], [0, 10], 11, 10), q)
+    with pytest.raises(ValueError, match="less than the longest sequence"):
+        jax.eval_shape(lambda q: f(q, q, q, [0, 4, 10], [0, 4, 10], 5, 6), q)
+    with pytest.raises(ValueError, match="same length"):
+        jax.eval_shape(lambda q: f(q, q, q, [0, 10], [0, 4, 10], 10, 10), q)
+    cu = jax.ShapeDtypeStruct((3,), jnp.float32)
+    with pytest.raises(ValueError, match="1-D int32"):
+        jax.eval_shape(lambda q, c: f(q, q, q, c, c, 10, 10), q, cu)
+    with pytest.raises(ValueError, match="max_seqlen_k must be an int"):
+        jax.eval_shape(lambda q: f(q, q, q, [0, 10], [0, 10], 10, 10.5), q)
+    with pytest.raises(Exception, match="vmap"):
+        jax.vmap(lambda q: f(q, q, q, [0, 10], [0, 10], 10, 10))(
+            jnp.zeros((2, 10, 2, 16), jnp.float16))
