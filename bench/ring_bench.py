@@ -9,8 +9,9 @@ forward + backward step (examples/ring_attention.py's workers, one process per G
 point: seconds per step (CUDA events, the median of --reps after a warm-up step, the slowest
 rank), tokens/s, the scaling factor (one GPU's time / P GPUs' time), the compute time (the
 same ring step with a transport that moves nothing) and the communication it did not hide
-(step - compute), and the CuPy memory pool's size after the step on each GPU (about the
-peak: the pool is emptied before the step).
+(step - compute), and memory per GPU: the CuPy pool's size after the step (about the peak of
+what the step allocates: the pool is emptied before it) and the device's memory in use
+(cudaMemGetInfo: the pool, NCCL's buffers and the context).
 """
 
 from __future__ import annotations
@@ -61,11 +62,13 @@ def main(argv=None) -> int:
             row[f"gpus{world}"] = {
                 "step_s": step, "compute_s": compute, "exposed_comm_s": step - compute,
                 "tokens_per_s": n / step, "tflops_per_gpu": flops / step / 1e12 / world,
-                "pool_gib_per_gpu": [r["ring_pool_bytes"] / 2**30 for r in res]}
+                "pool_gib_per_gpu": [r["ring_pool_bytes"] / 2**30 for r in res],
+                "device_used_gib_per_gpu": [r["ring_device_bytes"] / 2**30 for r in res]}
             print(f"n={n:8d} gpus={world}: {step:8.3f} s per step, {n / step:10,.0f} tokens/s, "
                   f"{flops / step / 1e12 / world:4.0f} TFLOP/s per GPU, compute {compute:.3f} s,"
                   f" exposed comm {step - compute:.3f} s, pool "
-                  f"{max(r['ring_pool_bytes'] for r in res) / 2**30:.1f} GiB", flush=True)
+                  f"{max(r['ring_pool_bytes'] for r in res) / 2**30:.1f} GiB, device "
+                  f"{max(r['ring_device_bytes'] for r in res) / 2**30:.1f} GiB", flush=True)
         row["scaling"] = row["gpus1"]["step_s"] / row[f"gpus{args.gpus}"]["step_s"]
         print(f"n={n:8d} scaling 1 -> {args.gpus} GPUs: {row['scaling']:.2f}x", flush=True)
         rows.append(row)

@@ -207,23 +207,35 @@ def _ring_backward(ring, attend_backward, dout, q, k, v, out, lse, causal: bool,
 # --- CUDA: cuflash's kernels, NCCL on its own stream ---------------------------------------
 
 class _Watchdog:
-    """Gives up on transfers that do not finish: a thread polls the tracked completion events
-    (objects with .done) and, past an event's deadline or on an error from `probe()` (NCCL's
-    asynchronous error), records the problem and calls `abort()` once. NCCL alone would wait
-    for a lost peer forever."""
+    """Gives up on transfers that do not finish. Transfers run one after another on the comm
+    stream, each once the work queued before it is done; a thread polls them in order and
+    starts a transfer's clock only when it can run (its `ready` event done, every earlier
+    transfer finished), so work queued far ahead never counts against it. Past `timeout`
+    seconds, on an error from `probe()` (NCCL's asynchronous error), or when one NCCL call on
+    the host (`calling`) blocks that long, it records the problem and calls `abort()` once.
+    NCCL alone would wait for a lost peer forever. Events: objects with .done."""
 
-    def __init__(self, timeout: float, abort, probe, name: str):
+    def __init__(self, timeout: float, abort, probe, name: str, on_start=None):
         self.timeout, self._abort, self._probe = timeout, abort, probe
         self.error: str | None = None
         self._lock = threading.Lock()
-        self._pending: list = []  # (event, deadline, what)
+        self._pending: list = []  # [ready, done, what, started (monotonic) or None]
+        self._call: tuple | None = None  # (what, since) while the host is inside NCCL
+        self._closed = False
         self._wake = threading.Event()
+        self._on_start = on_start
         threading.Thread(target=self._run, daemon=True, name=name).start()
 
-    def track(self, event, what: str) -> None:
+    def track(self, ready, done, what: str) -> None:
         with self._lock:
-            self._pending.append((event, time.monotonic() + self.timeout, what))
+            self._pending.append([ready, done, what, None])
         self._wake.set()
+
+    def calling(self, what: str | None) -> None:
+        """The host enters (what) or leaves (None) a blocking NCCL call."""
+        self._call = None if what is None else (what, time.monotonic())
+        if what is not None:
+            self._wake.set()
 
     def wait_host(self, event) -> None:
         """Wait on the host for one event; raises RuntimeError once the watchdog gave up."""
@@ -236,32 +248,50 @@ class _Watchdog:
         if self.error is not None:
             raise RuntimeError(self.error)
 
+    def fail(self, problem: str) -> None:
+        """Record a problem and abort (once, from whichever thread sees it first)."""
+        with self._lock:
+            if self.error is not None:
+                return
+            self.error = f"ring attention {problem}; the communicator was aborted"
+        self._abort()
+
     def pending(self) -> list:
         with self._lock:
-            return [e for e, _, _ in self._pending]
+            return [p[1] for p in self._pending]
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
 
     def _run(self) -> None:
-        while self.error is None:
+        if self._on_start is not None:
+            self._on_start()
+        while self.error is None and not self._closed:
+            now = time.monotonic()
             with self._lock:
-                self._pending = [p for p in self._pending if not p[0].done]
-                idle = not self._pending
-                late = [p for p in self._pending if p[1] < time.monotonic()]
-            if idle:
+                while self._pending and self._pending[0][1].done:
+                    self._pending.pop(0)
+                head = self._pending[0] if self._pending else None
+                if head is not None and head[3] is None and head[0].done:
+                    head[3] = now  # (it can run from now on)
+            call = self._call
+            if head is None and call is None:
                 self._wake.wait()
                 self._wake.clear()
                 continue
-            problem = None
-            if late:
-                problem = (f"did not finish an NCCL {late[0][2]} within {self.timeout:g} s (a "
-                           "lost or stalled peer)")
-            else:
-                try:
-                    self._probe()
-                except Exception as exc:  # (NcclError)
-                    problem = f"NCCL reported an error: {exc}"
-            if problem is not None:
-                self.error = f"ring attention {problem}; the communicator was aborted"
-                self._abort()
+            if call is not None and now - call[1] > self.timeout:
+                self.fail(f"was blocked in an NCCL {call[0]} call for more than "
+                          f"{self.timeout:g} s (a lost or stalled peer)")
+                return
+            if head is not None and head[3] is not None and now - head[3] > self.timeout:
+                self.fail(f"did not finish an NCCL {head[2]} within {self.timeout:g} s (a lost "
+                          "or stalled peer)")
+                return
+            try:
+                self._probe()
+            except Exception as exc:  # (NcclError)
+                self.fail(f"got an error from NCCL: {exc}")
                 return
             self._wake.wait(0.05)
             self._wake.clear()
@@ -270,15 +300,16 @@ class _Watchdog:
 class RingComm:
     """An NCCL communicator (cupy.cuda.nccl.NcclCommunicator, one per process and GPU) as the
     ring's transport: its own CUDA stream for the transfers, and a watchdog that aborts the
-    communicator when a transfer has not finished after `timeout` seconds (a lost or stalled
-    peer). After that every call raises RuntimeError. Create it on the GPU the communicator
-    was made for."""
+    communicator when a transfer that could run has not finished after `timeout` seconds, or
+    NCCL reports an error (a lost or stalled peer). After that every call raises
+    RuntimeError. Create it on the GPU the communicator was made for; `close()` (or a `with`
+    block) stops the watchdog."""
 
     def __init__(self, comm, timeout: float = 300.0):
         cupy = _api._cupy()
         if isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        self.comm, self.timeout = comm, float(timeout)
+        self.handle, self.comm, self.timeout = comm, comm, float(timeout)
         self.rank, self.world = comm.rank_id(), comm.size()
         self.device = comm.device_id()
         with cupy.cuda.Device(self.device):
@@ -286,13 +317,32 @@ class RingComm:
         self._nccl_lock = threading.Lock()  # (NCCL calls against the watchdog's abort)
         self._agreed: set = set()
         self._watchdog = _Watchdog(self.timeout, self._abort, self._probe,
-                                   f"cuflash-ring-watchdog-{self.rank}")
+                                   f"cuflash-ring-watchdog-{self.rank}",
+                                   on_start=lambda: cupy.cuda.Device(self.device).use())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self) -> None:
+        """Stop the watchdog (the NCCL communicator itself stays the caller's)."""
+        self._watchdog.close()
+        _rings.pop(id(self.handle), None)
 
     def _abort(self) -> None:
-        with self._nccl_lock:
-            if self.comm is not None:
-                self.comm.abort()  # (NCCL's kernels waiting on the lost peer return)
-                self.comm = None
+        # From the watchdog's thread. Where the host is blocked inside an NCCL call holding
+        # the lock (a connection to a lost peer), abort without it: nothing else frees it.
+        got = self._nccl_lock.acquire(timeout=1.0)
+        try:
+            comm, self.comm = self.comm, None
+            if comm is not None:
+                comm.abort()  # (NCCL's kernels waiting on the lost peer return)
+        finally:
+            if got:
+                self._nccl_lock.release()
 
     def _probe(self) -> None:
         comm = self.comm
@@ -304,24 +354,36 @@ class RingComm:
         self._watchdog.check()
 
     def _enqueue(self, what: str, calls) -> object:
-        """Run NCCL calls (a function of the comm stream's pointer) on the comm stream after
-        the current stream's work so far; returns their completion event, watched."""
+        """Run NCCL calls (a function of the communicator and the comm stream's pointer) on
+        the comm stream after the current stream's work so far; returns their completion
+        event, watched. An NCCL error raised here aborts the communicator too."""
         from cupy.cuda import nccl
         cupy = _api._cupy()
         self.check()
         ready = cupy.cuda.Event(block=False, disable_timing=True)
         ready.record()
         self.stream.wait_event(ready)
+        failure = None
         with self._nccl_lock:
             self.check()
-            nccl.groupStart()
+            self._watchdog.calling(what)
             try:
-                calls(self.comm, self.stream.ptr)
+                nccl.groupStart()
+                try:
+                    calls(self.comm, self.stream.ptr)
+                finally:
+                    nccl.groupEnd()
+            except Exception as exc:  # (NcclError: NCCL saw a peer go, say)
+                failure = exc
             finally:
-                nccl.groupEnd()
+                self._watchdog.calling(None)
+        if failure is not None:
+            self._watchdog.fail(f"got an error from NCCL on rank {self.rank} in a {what}: "
+                                f"{failure}")
+            self.check()
         done = cupy.cuda.Event(block=False, disable_timing=True)
         done.record(self.stream)
-        self._watchdog.track(done, what)
+        self._watchdog.track(ready, done, what)
         return done
 
     # the transport interface of _ring_forward / _ring_backward
@@ -343,21 +405,25 @@ class RingComm:
         """The current stream waits (on the GPU) for a transfer."""
         _api._cupy().cuda.get_current_stream().wait_event(done)
 
+    def _all_gather(self, what: str, row):
+        """Every rank's `row` (uint8 NumPy), gathered and waited on the host."""
+        from cupy.cuda import nccl
+        cupy = _api._cupy()
+        with cupy.cuda.Device(self.device):
+            send = cupy.asarray(row)
+            recv = cupy.empty((self.world, row.size), dtype=cupy.uint8)
+            done = self._enqueue(what, lambda comm, stream: comm.allGather(
+                send.data.ptr, recv.data.ptr, row.size, nccl.NCCL_UINT8, stream))
+            self._watchdog.wait_host(done)
+            return cupy.asnumpy(recv)
+
     def agree(self, key: tuple) -> None:
         """Every rank must call with the same local shapes and options (NCCL's transfers carry
         no sizes to compare): checked once per key by an all-gather (a synchronisation)."""
         if key in self._agreed:
             return
-        from cupy.cuda import nccl
-        cupy = _api._cupy()
         mine = np.frombuffer(repr(key).encode().ljust(256)[:256], dtype=np.uint8)
-        with cupy.cuda.Device(self.device):
-            send = cupy.asarray(mine)
-            recv = cupy.empty((self.world, 256), dtype=cupy.uint8)
-            done = self._enqueue("all-gather", lambda comm, stream: comm.allGather(
-                send.data.ptr, recv.data.ptr, 256, nccl.NCCL_UINT8, stream))
-            self._watchdog.wait_host(done)
-            every = cupy.asnumpy(recv)
+        every = self._all_gather("all-gather", mine)
         differ = [r for r in range(self.world) if not (every[r] == mine).all()]
         if differ:
             raise ValueError(f"ring attention: ranks {differ} called with other shapes, dtypes "
@@ -368,14 +434,7 @@ class RingComm:
     def barrier(self) -> None:
         """Return once every rank has called barrier (a one-byte all-gather, waited on the
         host); raises RuntimeError where a peer never comes (the watchdog's timeout)."""
-        from cupy.cuda import nccl
-        cupy = _api._cupy()
-        with cupy.cuda.Device(self.device):
-            send = cupy.zeros(1, dtype=cupy.uint8)
-            recv = cupy.empty(self.world, dtype=cupy.uint8)
-            done = self._enqueue("barrier", lambda comm, stream: comm.allGather(
-                send.data.ptr, recv.data.ptr, 1, nccl.NCCL_UINT8, stream))
-            self._watchdog.wait_host(done)
+        self._all_gather("barrier", np.zeros(1, dtype=np.uint8))
 
     def synchronize(self) -> None:
         """Wait until every transfer issued so far has finished; raises RuntimeError where
@@ -389,10 +448,11 @@ _rings: dict = {}
 
 
 def _ring(comm):
+    """The RingComm of a raw NCCL communicator (made once, kept until its close())."""
     if isinstance(comm, RingComm):
         return comm
     ring = _rings.get(id(comm))
-    if ring is None or ring.comm is not comm:
+    if ring is None or ring.handle is not comm:
         ring = _rings[id(comm)] = RingComm(comm)
     return ring
 
@@ -437,7 +497,8 @@ def ring_attention(q, k, v, comm, causal: bool = False, softmax_scale: float | N
     def attend(qb, kb, vb, block_causal):
         return _api.forward(qb, kb, vb, causal=block_causal, softmax_scale=softmax_scale,
                             softcap=softcap)
-    return _ring_forward(ring, attend, q, k, v, causal, layout)
+    with _api._on_device(_api._cupy(), ring.device):
+        return _ring_forward(ring, attend, q, k, v, causal, layout)
 
 
 def ring_attention_backward(dout, q, k, v, out, lse, comm, causal: bool = False,
@@ -457,7 +518,8 @@ def ring_attention_backward(dout, q, k, v, out, lse, comm, causal: bool = False,
     def attend_backward(dob, qb, kb, vb, ob, lb, block_causal):
         return _api.backward(dob, qb, kb, vb, ob, lb, causal=block_causal,
                              softmax_scale=softmax_scale, softcap=softcap)
-    return _ring_backward(ring, attend_backward, dout, q, k, v, out, lse, causal, layout)
+    with _api._on_device(_api._cupy(), ring.device):
+        return _ring_backward(ring, attend_backward, dout, q, k, v, out, lse, causal, layout)
 
 
 def ring_attention_with_vjp(q, k, v, comm, causal: bool = False,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import sys
 import time
 import traceback
@@ -73,13 +74,16 @@ def _run(rank, world, uid, job):
 
     cp.cuda.Device(rank).use()
     comm = nccl.NcclCommunicator(world, uid, rank)
-    if job["mode"] == "lost_peer":
-        if rank == 1:
-            os._exit(0)  # (a peer that dies: no goodbye)
+    if job["mode"] == "lost_peer":  # one whole call together, then rank 1 dies (no goodbye)
         ring = distributed.RingComm(comm, timeout=job["timeout"])
         q, k, v = (local_part(job, w, rank, world) for w in range(3))
+        distributed.ring_attention(q, k, v, ring, causal=True)
+        ring.synchronize()
+        ring.barrier()
+        if rank == 1:
+            os._exit(0)
         t0 = time.monotonic()
-        try:
+        try:  # (the shapes are agreed already: only the ring's transfers wait on the peer)
             distributed.ring_attention(q, k, v, ring, causal=True)
             ring.synchronize()
         except RuntimeError as exc:
@@ -111,7 +115,7 @@ def _run(rank, world, uid, job):
     ring.synchronize()
     timings = {}
     for name, transport in (("ring", None), ("compute", _NoTransport(rank, world))):
-        times = []
+        times, used = [], 0
         for _ in range(job["reps"]):
             pool.free_all_blocks()
             ring.barrier()
@@ -125,8 +129,11 @@ def _run(rank, world, uid, job):
             end.synchronize()
             ring.synchronize()
             times.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
+            free, total = cp.cuda.runtime.memGetInfo()
+            used = max(used, total - free)
         timings[name] = sorted(times)[len(times) // 2]
         timings[name + "_pool_bytes"] = pool.total_bytes()
+        timings[name + "_device_bytes"] = used  # (the pool, NCCL's buffers, the context)
     return timings
 
 
@@ -153,8 +160,10 @@ def _time_single(job):
         end.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
     t = sorted(times)[len(times) // 2]
+    free, total = cp.cuda.runtime.memGetInfo()
     return {"ring": t, "compute": t, "ring_pool_bytes": pool.total_bytes(),
-            "compute_pool_bytes": pool.total_bytes()}
+            "compute_pool_bytes": pool.total_bytes(), "ring_device_bytes": total - free,
+            "compute_device_bytes": total - free}
 
 
 class _NoTransport:
@@ -195,19 +204,21 @@ def launch(world: int, job: dict, timeout: float = 600.0) -> list:
              for r in range(world)]
     for p in procs:
         p.start()
-    expected = 1 if job["mode"] == "lost_peer" else world
+    expected = {0} if job["mode"] == "lost_peer" else set(range(world))
     got, deadline = {}, time.monotonic() + timeout
     try:
-        while len(got) < expected:
+        while not expected <= set(got):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"workers did not report within {timeout:g} s")
             try:
-                rank, res = results.get(timeout=min(left, 5.0))
-            except Exception:  # (queue.Empty) a worker that died says nothing: check
-                if all(not p.is_alive() for p in procs) and results.empty():
-                    raise RuntimeError(f"workers exited without a result: exit codes "
-                                       f"{[p.exitcode for p in procs]}") from None
+                rank, res = results.get(timeout=min(left, 2.0))
+            except queue.Empty:  # a worker that died says nothing: stop at once
+                dead = [r for r, p in enumerate(procs) if r in expected and r not in got
+                        and p.exitcode is not None]
+                if dead and results.empty():
+                    raise RuntimeError(f"worker(s) {dead} exited without a result (exit codes "
+                                       f"{[procs[r].exitcode for r in dead]})") from None
                 continue
             if "error" in res:
                 raise RuntimeError(f"rank {rank}: {res['error']}\n{res['traceback']}")

@@ -23,20 +23,28 @@ BF16 = ml_dtypes.bfloat16
 
 
 class ThreadRing:
-    """The ring transport between threads: exchange copies `sends` to rank + 1's queue and
-    takes rank - 1's from its own (every rank calls exchange in the same order)."""
+    """The ring transport between threads, as lazy as NCCL on its own stream: exchange posts
+    copies of `sends` to rank + 1's queue and poisons `recvs` (NaN): they hold rank - 1's
+    arrays only after wait(handle), which also checks that the sent arrays were left alone
+    meanwhile. A loop that reads a received buffer before waiting, or writes a buffer it is
+    sending, fails the accuracy test. Every rank calls exchange in the same order."""
 
     def __init__(self, rank, world, boxes):
         self.rank, self.world, self.boxes = rank, world, boxes
 
     def exchange(self, sends, recvs):
-        self.boxes[(self.rank + 1) % self.world].put([np.array(x, copy=True) for x in sends])
-        for dst, src in zip(recvs, self.boxes[self.rank].get(timeout=60)):
-            dst[...] = src
-        return object()  # (a handle: the transfer is done)
+        sent = [np.array(x, copy=True) for x in sends]
+        self.boxes[(self.rank + 1) % self.world].put(sent)
+        for x in recvs:
+            x[...] = np.nan
+        return (recvs, sends, sent)
 
     def wait(self, handle):
-        assert handle is not None
+        recvs, sends, sent = handle
+        for live, copy in zip(sends, sent):  # (the transfer may still be reading them)
+            assert np.array_equal(live, copy, equal_nan=True), "a sent buffer changed"
+        for dst, src in zip(recvs, self.boxes[self.rank].get(timeout=60)):
+            dst[...] = src
 
 
 def run_ranks(world, fn):
@@ -217,8 +225,8 @@ class _Done:
 def test_watchdog_gives_up_on_a_transfer_that_never_finishes():
     aborted = []
     dog = distributed._Watchdog(0.2, lambda: aborted.append(1), lambda: None, "test")
-    dog.track(_Done(), "exchange")
-    dog.track(_Never(), "exchange")
+    dog.track(_Done(), _Done(), "exchange")
+    dog.track(_Done(), _Never(), "exchange")
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="within 0.2 s .a lost or stalled peer"):
         dog.wait_host(_Never())
@@ -227,22 +235,52 @@ def test_watchdog_gives_up_on_a_transfer_that_never_finishes():
         dog.check()
 
 
+def test_watchdog_counts_only_from_when_a_transfer_can_run():
+    """A transfer queued behind long compute (its ready event not done) or behind an earlier
+    transfer is not late, however long it waits; its clock starts once it can run."""
+    aborted = []
+    dog = distributed._Watchdog(0.2, lambda: aborted.append(1), lambda: None, "test")
+    first, compute = _Never(), _Never()
+    dog.track(compute, first, "exchange")          # behind compute still running
+    dog.track(_Done(), _Never(), "exchange")       # behind the first transfer
+    time.sleep(0.6)
+    dog.check()
+    assert aborted == []
+    compute.done = True                            # the first can run now, and never ends
+    with pytest.raises(RuntimeError, match="did not finish an NCCL exchange"):
+        dog.wait_host(_Never())
+    assert aborted == [1]
+
+
+def test_watchdog_gives_up_on_a_blocked_nccl_call():
+    aborted = []
+    dog = distributed._Watchdog(0.2, lambda: aborted.append(1), lambda: None, "test")
+    dog.calling("exchange")
+    with pytest.raises(RuntimeError, match="blocked in an NCCL exchange call"):
+        dog.wait_host(_Never())
+    assert aborted == [1]
+
+
 def test_watchdog_reports_nccl_errors():
     aborted = []
 
     def probe():
         raise RuntimeError("NCCL_ERROR_REMOTE_ERROR")
     dog = distributed._Watchdog(60, lambda: aborted.append(1), probe, "test")
-    dog.track(_Never(), "exchange")
-    with pytest.raises(RuntimeError, match="NCCL reported an error: NCCL_ERROR_REMOTE_ERROR"):
+    dog.track(_Done(), _Never(), "exchange")
+    with pytest.raises(RuntimeError, match="got an error from NCCL: NCCL_ERROR_REMOTE_ERROR"):
         dog.wait_host(_Never())
     assert aborted == [1]
 
 
-def test_watchdog_stays_quiet_while_transfers_finish():
+def test_watchdog_stays_quiet_while_transfers_finish_and_stops_when_closed():
     dog = distributed._Watchdog(0.1, lambda: pytest.fail("aborted"), lambda: None, "test")
     for _ in range(5):
-        dog.track(_Done(), "exchange")
+        dog.track(_Done(), _Done(), "exchange")
+    time.sleep(0.3)
+    dog.check()
+    dog.close()
+    dog.track(_Done(), _Never(), "exchange")
     time.sleep(0.3)
     dog.check()
 

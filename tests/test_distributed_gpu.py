@@ -69,8 +69,9 @@ def test_ring_equals_the_whole_sequence_by_the_accuracy_rule(world, dtype, causa
 
 
 def test_a_lost_peer_raises_instead_of_hanging(world):
-    """Rank 1 exits once the communicator exists; rank 0's ring attention raises a
-    RuntimeError within the watchdog's timeout instead of waiting forever."""
+    """After one ring attention together, rank 1 exits; rank 0's next call (its shapes agreed
+    already: only the ring's transfers wait on the peer, on the GPU) raises a RuntimeError
+    from synchronize() within the watchdog's timeout instead of waiting forever."""
     import ml_dtypes
     job = dict(mode="lost_peer", seqlen=2 * world * 64, batch=1, heads=4, heads_k=4,
                headdim=64, dtype=ml_dtypes.bfloat16, causal=True, seed=0, timeout=10.0)
