@@ -4,8 +4,10 @@
     python bench/jax_bench.py --seqlens 1024,4096 --masks on --passes fwd --json out.json
 
 Providers, each inside one jax.jit: cuflash (cuflash.jax.flash_attention: the kernels on XLA's
-stream through a buffer callback), jax-cudnn (jax.nn.dot_product_attention,
-implementation="cudnn") and jax-xla (implementation=None: XLA's choice). Passes: fwd (out) and
+stream through a buffer callback), cuflash-cb (the same with command_buffer=True: XLA captures
+the launches into its CUDA graphs and replays them without Python), jax-cudnn
+(jax.nn.dot_product_attention, implementation="cudnn") and jax-xla (implementation=None:
+XLA's choice). Passes: fwd (out) and
 fwd+bwd (jax.value_and_grad of sum(out * dout): the forward, then dq, dk, dv).
 
 Time per call: the GPU's time per call with the host issuing jitted calls back to back (wall
@@ -102,6 +104,8 @@ def providers(jax, jnp, causal: bool, which: str):
 
     attn = {
         "cuflash": lambda q, k, v: flash_attention(q, k, v, causal=causal),
+        "cuflash-cb": lambda q, k, v: flash_attention(q, k, v, causal=causal,
+                                                      command_buffer=True),
         "jax-cudnn": lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, is_causal=causal, implementation="cudnn"),
         "jax-xla": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal),
@@ -132,6 +136,7 @@ def floor_rows(jax, jnp, cp, d: int) -> list:
     fns = providers(jax, jnp, False, "fwd")
     rows = []
     for name, fn, args in (("cuflash", fns["cuflash"], (q, k, v, q)),
+                           ("cuflash-cb", fns["cuflash-cb"], (q, k, v, q)),
                            ("empty-callback", lambda q, k, v, d: empty(q), (q, k, v, q)),
                            ("jax-cudnn", fns["jax-cudnn"], (q, k, v, q))):
         rows.append({"floor": name, "shape": shape, "us": idle_us(jax.block_until_ready,

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import math
 import numbers
+import types
 from functools import lru_cache
 
 import numpy as np
@@ -1061,11 +1062,14 @@ def _packed_dq_workspace(cupy, packed, cfg, nheads: int, total_q: int) -> tuple:
 
 
 def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq, dk, dv,
-              config, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, packed=None):
+              config, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, packed=None,
+              scratch=None):
     """backward(), with an explicit tile shape (`config`, a _plan.BackwardConfig or None for
     the planner's choice): the bench's and the tests' tuning hook. packed: a variable-length
     batch (backward_varlen's _Packed, not deterministic; dout, q, k, v, out and dq, dk, dv are
-    then (1, total, heads, d) views, lse is (heads, total_q))."""
+    then (1, total, heads, d) views, lse is (heads, total_q)). scratch: a uint8 CuPy array to
+    carve the launches' scratch from instead of allocating it (cuflash.jax; its size:
+    _backward_scratch_bytes)."""
     causal = _check_flag("causal", causal)
     deterministic = _check_flag("deterministic", deterministic)
     cupy, device_id, layout = _check_qkv(q, k, v)
@@ -1129,41 +1133,20 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         ordered = bool(deterministic and cfg.dq_bulk)
         stream = cupy.cuda.get_current_stream().ptr
 
-        # Scratch: D = rowsum(dO ∘ O), float32 (batch, heads, seqlen_q); float32 dQ sums, with
-        # dq_bulk in whole row blocks, in the kernel's fragment order. Deterministic with
-        # dq_bulk: additions in a fixed order, counted in dq_order (the first one into each
-        # row block is a store: no zeroing needed); with atomics: one slice per split, summed
-        # in order afterwards (fa2_backward.cu, "Deterministic mode").
-        # (packed: D as L, (heads, total_q); the dQ workspace compact, _packed_dq_workspace)
-        Dsum = cupy.empty((nheads, total_q) if packed is not None else (batch, nheads, seqlen_q),
-                          dtype=cupy.float32)
-        T_c = (seqlen_k + cfg.B_c - 1) // cfg.B_c
-        T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
-        rows = T_r * cfg.B_r if cfg.dq_bulk else seqlen_q
-        split = deterministic and not ordered
         sms = _device_properties(cupy, device_id)["multiProcessorCount"]
-        splits = _registry.deterministic_splits(sms, T_c, batch * nheads_k, cfg,
-                                                seqlen_q * group,
-                                                batch * nheads * rows * cfg.HD * 4, causal) \
-            if split else 1
-        # GQA / MQA: each block sums the query heads of one part of a group into dK_j, dV_j
-        # (fa2_backward.cu); more than one part only where one would leave SMs idle.
-        # (Packed batches: one part, the float32 slices being laid out per dense batch entry.)
-        parts = 1 if packed is not None else \
-            _registry.head_parts(group, (splits if split else T_c) * nheads_k * batch, sms)
-        alloc = cupy.empty if ordered else cupy.zeros
+        spec = _backward_scratch(cfg, deterministic, causal, batch, nheads, nheads_k, seqlen_q,
+                                 seqlen_k, k.shape, sms, total_q if packed is not None else None)
+        s_ = _scratch_arrays(cupy, spec, scratch)
+        Dsum, dq_order = s_["D"], s_.get("dq_order")
+        T_c, splits, parts = spec.T_c, spec.splits, spec.parts
+        split = deterministic and not ordered
         if packed is None:
-            dq_accum = alloc((splits, batch, nheads, rows, cfg.HD), dtype=cupy.float32)
+            dq_accum = s_["dq_accum"]
         else:  # compact (fa2_backward.cu): the entries' own rows, not the padded batch's
             dq_accum, ws = _packed_dq_workspace(cupy, packed, cfg, nheads, total_q)
             fields = {**fields, **ws}
-        # ordered: turn counters (batch, heads, T_r), then one ticket counter per (batch, kv
-        # head part) (fa2_backward.cu, "Deterministic mode")
-        dq_order = cupy.zeros(batch * nheads * T_r + batch * nheads_k * parts,
-                              dtype=cupy.int32) if ordered else None
         if parts > 1:  # float32 slices (parts, batch, seqlen_k, nheads_k, d), summed below
-            dk_buf = cupy.empty((parts,) + k.shape, dtype=cupy.float32)
-            dv_buf = cupy.empty((parts,) + k.shape, dtype=cupy.float32)
+            dk_buf, dv_buf = s_["dk_parts"], s_["dv_parts"]
             dkv_strides = _strides(dk_buf[0])
         else:
             dk_buf, dv_buf, dkv_strides = dk, dv, _strides(dk)
@@ -1192,10 +1175,113 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
             # 3. dQ = scale * sum of the slices, in the input dtype
             fin(_registry.backward_dq_grid(cfg, seqlen_q, d, nheads, batch), 128, 0, stream,
                 params)
-        if parts > 1:  # (a fixed order: deterministic)
+        if parts > 1:  # (a fixed order: deterministic; into scratch: no allocation)
             for buf, g in ((dk_buf, dk), (dv_buf, dv)):
-                g[...] = buf.sum(axis=0)
+                cupy.sum(buf, axis=0, out=s_["dkv_sum"])
+                g[...] = s_["dkv_sum"]
     return dq, dk, dv
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scratch:
+    """The float32 and int32 scratch of one backward call, in one place: `arrays` lists
+    (name, shape, dtype, zeroed); the launch's split and part counts with it."""
+    arrays: tuple
+    T_c: int
+    splits: int
+    parts: int
+
+    @property
+    def nbytes(self) -> int:
+        """The size of an arena holding every array (each on a 256-byte boundary)."""
+        return sum(_round_up(math.prod(shape) * np.dtype(dt).itemsize, 256)
+                   for _, shape, dt, _ in self.arrays)
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _backward_scratch(cfg, deterministic, causal, batch, nheads, nheads_k, seqlen_q, seqlen_k,
+                      k_shape, sms, total_q=None) -> _Scratch:
+    """What a backward launch needs besides its inputs and outputs. D = rowsum(dO ∘ O),
+    float32 (batch, heads, seqlen_q); float32 dQ sums, with dq_bulk in whole row blocks, in the
+    kernel's fragment order. Deterministic with dq_bulk ("ordered"): additions in a fixed order,
+    counted in dq_order (the first one into each row block is a store: no zeroing needed);
+    with atomics: one slice per split, summed in order afterwards (fa2_backward.cu,
+    "Deterministic mode"). GQA / MQA: each block sums the query heads of one part of a group
+    into dK_j, dV_j; more than one part only where one would leave SMs idle, then float32
+    slices per part and their sum. total_q: a packed batch's (D as L, (heads, total_q); one
+    part; its dQ sums are _packed_dq_workspace's, compact, not listed here)."""
+    group = nheads // nheads_k
+    ordered = bool(deterministic and cfg.dq_bulk)
+    T_c = (seqlen_k + cfg.B_c - 1) // cfg.B_c
+    T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
+    rows = T_r * cfg.B_r if cfg.dq_bulk else seqlen_q
+    split = deterministic and not ordered
+    splits = _registry.deterministic_splits(sms, T_c, batch * nheads_k, cfg, seqlen_q * group,
+                                            batch * nheads * rows * cfg.HD * 4, causal) \
+        if split else 1
+    parts = 1 if total_q is not None else \
+        _registry.head_parts(group, (splits if split else T_c) * nheads_k * batch, sms)
+    f32, i32 = np.float32, np.int32
+    arrays = [("D", (nheads, total_q) if total_q is not None else (batch, nheads, seqlen_q),
+               f32, False)]
+    if total_q is None:
+        arrays.append(("dq_accum", (splits, batch, nheads, rows, cfg.HD), f32, not ordered))
+    if ordered:  # turn counters (batch, heads, T_r), then one ticket per (batch, kv head part)
+        arrays.append(("dq_order", (batch * nheads * T_r + batch * nheads_k * parts,), i32,
+                       True))
+    if parts > 1:
+        arrays += [("dk_parts", (parts,) + tuple(k_shape), f32, False),
+                   ("dv_parts", (parts,) + tuple(k_shape), f32, False),
+                   ("dkv_sum", tuple(k_shape), f32, False)]
+    return _Scratch(tuple(arrays), T_c, splits, parts)
+
+
+def _backward_scratch_bytes(q_shape, k_shape, causal, window_size, softcap, alibi_slopes,
+                            deterministic, device_id=None) -> int:
+    """The arena size `_backward(..., scratch=)` needs for these shapes and options on a GPU
+    (the current one by default), planned as _backward plans: cuflash.jax asks XLA for it as
+    an output of the callback. alibi_slopes: None or metadata (shape, dtype)."""
+    cupy = _cupy()
+    if device_id is None:
+        device_id = cupy.cuda.runtime.getDevice()
+    batch, seqlen_q, nheads, d = q_shape
+    seqlen_k, nheads_k = k_shape[1], k_shape[2]
+    if batch == 0 or nheads == 0 or seqlen_q == 0 or seqlen_k == 0:
+        return 0
+    meta = types.SimpleNamespace(shape=tuple(q_shape))
+    upper, local, hooked, odd_d, _ = _call_features(None, causal, window_size, softcap,
+                                                    alibi_slopes, meta, batch, seqlen_q,
+                                                    seqlen_k, d, 1.0)
+    max_smem, bulk = _max_smem(cupy, device_id), _has_bulk_copy(cupy, device_id)
+    cfg = _plan.backward_config(_plan.backward_head_dim_bucket(d), max_smem, bulk, local,
+                                hooked, odd_d, False)
+    sms = _device_properties(cupy, device_id)["multiProcessorCount"]
+    return _backward_scratch(cfg, deterministic, upper, batch, nheads, nheads_k, seqlen_q,
+                             seqlen_k, k_shape, sms).nbytes
+
+
+def _scratch_arrays(cupy, spec: _Scratch, arena=None) -> dict:
+    """The scratch arrays of `spec`: new ones from CuPy's pool, or views carved from `arena`
+    (a uint8 CuPy array of at least spec.nbytes, e.g. a buffer XLA owns: no allocation, so
+    that the launches can be captured in a CUDA graph); zeroed where the kernels need it."""
+    out, offset = {}, 0
+    if arena is not None and arena.nbytes < spec.nbytes:
+        raise ValueError(f"the backward's scratch needs {spec.nbytes} bytes, got "
+                         f"{arena.nbytes}")
+    for name, shape, dtype, zeroed in spec.arrays:
+        if arena is None:
+            x = (cupy.zeros if zeroed else cupy.empty)(shape, dtype=dtype)
+        else:
+            n = math.prod(shape) * np.dtype(dtype).itemsize
+            x = arena[offset:offset + n].view(dtype).reshape(shape)
+            offset += _round_up(n, 256)
+            if zeroed:
+                x.fill(0)
+        out[name] = x
+    return out
 
 
 _backward_launches: dict = {}

@@ -40,7 +40,7 @@ __all__ = ["flash_attention", "flash_attention_varlen"]
 def flash_attention(q, k, v, causal: bool = False, softmax_scale: float | None = None, *,
                     window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
                     deterministic: bool = False, return_lse: bool = False,
-                    algorithm: str = "fa2"):
+                    algorithm: str = "fa2", command_buffer: bool = False):
     """FlashAttention-2 on JAX arrays: ``out = softmax(softmax_scale * q k^T [+ mask]) v``.
 
     Parameters
@@ -58,6 +58,11 @@ def flash_attention(q, k, v, causal: bool = False, softmax_scale: float | None =
         differentiable: a gradient that flows into it raises at trace time.
     algorithm : "fa2" (default) or "fa1", the forward's loop order (as :func:`cuflash.forward`;
         the gradient is FlashAttention-2's recompute backward either way)
+    command_buffer : bool, let XLA capture the launches into its CUDA graphs
+        (``command_buffer_compatible``): the Python callback then runs once per set of
+        buffer addresses and XLA replays its launches. Nothing is allocated inside the
+        callbacks either way (the backward's scratch is an XLA buffer). Experimental: see
+        bench/jax_bench.py for what it saves.
 
     Returns ``out`` (q's shape and dtype), or ``(out, lse)``.
 
@@ -68,6 +73,8 @@ def flash_attention(q, k, v, causal: bool = False, softmax_scale: float | None =
     q, k, v = (jnp.asarray(x) for x in (q, k, v))
     opts = _options(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
                     deterministic, algorithm)
+    opts = dataclasses.replace(opts, command_buffer=_api._check_flag("command_buffer",
+                                                                     command_buffer))
     slopes = None
     if alibi_slopes is not None:  # (batch, nheads): one row per batch entry, also under vmap
         slopes = jnp.broadcast_to(alibi_slopes, (q.shape[0], q.shape[2]))
@@ -142,6 +149,7 @@ class _Options:
     dtype: str
     algorithm: str
     packed: tuple | None = None  # (max_seqlen_q, max_seqlen_k) of a packed batch
+    command_buffer: bool = False
 
 
 class _Meta:
@@ -309,8 +317,24 @@ def _platform_call(opts, which: str, shapes: tuple, *args):
 
 def _backward_call(opts, dout, q, k, v, out, lse, slopes):
     shapes = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
-    return _varying_like(_platform_call(opts, "backward", shapes, dout, q, k, v, out, lse,
-                                        slopes), q, k, v, dout)
+    # On CUDA the callback also writes a scratch buffer that XLA allocates (D, the dQ sums,
+    # ...: _api._backward_scratch): nothing is allocated inside the callback.
+    scratch = (jax.ShapeDtypeStruct((_scratch_bytes(opts, q, k, slopes),), jnp.uint8),)
+    grads = jax.lax.platform_dependent(
+        dout, q, k, v, out, lse, slopes,
+        cuda=lambda *a: tuple(_callback(opts, "backward", "cuda", shapes + scratch)(*a)[:3]),
+        cpu=lambda *a: _callback(opts, "backward", "cpu", shapes)(*a))
+    return _varying_like(grads, q, k, v, dout)
+
+
+def _scratch_bytes(opts, q, k, slopes) -> int:
+    """The backward's scratch on the current GPU (at least 1 byte; 1 where no GPU is visible:
+    the CUDA branch is then traced but never run)."""
+    if _api.gpu_missing():
+        return 1
+    return max(1, _api._backward_scratch_bytes(
+        q.shape, k.shape, opts.causal, opts.window_size, opts.softcap,
+        None if slopes is None else _Meta(slopes), opts.deterministic))
 
 
 @functools.lru_cache(maxsize=256)
@@ -325,7 +349,8 @@ def _callback(opts: _Options, which: str, platform: str, shapes: tuple):
            ("forward_varlen", "cpu"): _cpu_forward_varlen,
            ("backward_varlen", "cpu"): _cpu_backward_varlen}
     return buffer_callback(functools.partial(run[which, platform], opts), shapes,
-                           vmap_method=None if opts.packed else "broadcast_all")
+                           vmap_method=None if opts.packed else "broadcast_all",
+                           command_buffer_compatible=opts.command_buffer and platform == "cuda")
 
 
 def _fold(shape: tuple, tail: int) -> tuple:
@@ -336,7 +361,8 @@ def _fold(shape: tuple, tail: int) -> tuple:
 # --- CUDA: cuflash's kernels on XLA's stream -----------------------------------------------
 
 _DTYPES = {"float16": np.dtype(np.float16), "bfloat16": jnp.dtype(jnp.bfloat16),
-           "float32": np.dtype(np.float32), "int32": np.dtype(np.int32)}
+           "float32": np.dtype(np.float32), "int32": np.dtype(np.int32),
+           "uint8": np.dtype(np.uint8)}
 _streams: dict = {}
 
 
@@ -406,16 +432,18 @@ def _gpu_forward(opts, ctx, outputs, q, k, v, slopes):
 
 def _gpu_backward(opts, ctx, outputs, dout, q, k, v, out, lse, slopes):
     cupy = _api._cupy()
-    hit = _stream(cupy, ctx.stream, outputs)
+    hit = _stream(cupy, ctx.stream, outputs[:3])
     if hit is None:
         return
     stream, device = hit
     with _api._on_device(cupy, device), stream:
         dO, Q, K, V, O, dQ, dK, dV = (_view(cupy, x, opts.dtype, 4, device)
-                                      for x in (dout, q, k, v, out, *outputs))
-        _api.backward(dO, Q, K, V, O, _view(cupy, lse, "float32", 3, device), **_features(opts),
-                      alibi_slopes=_view(cupy, slopes, "float32", 2, device),
-                      deterministic=opts.deterministic, dq=dQ, dk=dK, dv=dV)
+                                      for x in (dout, q, k, v, out, *outputs[:3]))
+        # (backward()'s own body, with the scratch carved from XLA's buffer)
+        _api._backward(dO, Q, K, V, O, _view(cupy, lse, "float32", 3, device), opts.causal,
+                       opts.scale, opts.deterministic, dQ, dK, dV, None, opts.window_size,
+                       opts.softcap, _view(cupy, slopes, "float32", 2, device),
+                       scratch=_view(cupy, outputs[3], "uint8", 1, device))
 
 
 def _gpu_forward_varlen(opts, ctx, outputs, q, k, v, slopes, cu_q, cu_k):

@@ -69,6 +69,14 @@ class FakeArray:
     __sub__ = lambda self, other: self._op(other, np.subtract)  # noqa: E731
     __floordiv__ = lambda self, other: self._op(other, np.floor_divide)  # noqa: E731
 
+    def view(self, dtype):
+        return FakeArray(self.a.view(dtype), self.data.ptr)
+
+    def reshape(self, shape):
+        return FakeArray(self.a.reshape(shape), self.data.ptr)
+
+    nbytes = property(lambda self: self.a.nbytes)
+
 
 def _fake_cupy(sms=132, smem=227 * 1024, cc=90):
     cp = types.SimpleNamespace()
@@ -81,6 +89,11 @@ def _fake_cupy(sms=132, smem=227 * 1024, cc=90):
     cp.asnumpy = lambda x: x.a.copy()
     cp.ascontiguousarray = lambda x: FakeArray(np.ascontiguousarray(x.a))
     cp.cumsum = lambda x: FakeArray(np.cumsum(x.a))
+
+    def _sum(x, axis=None, out=None):
+        out[...] = x.a.sum(axis=axis)
+        return out
+    cp.sum = _sum
     cp.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(
         as_strided=lambda x, shape, strides: FakeArray(
             np.lib.stride_tricks.as_strided(x.a, shape, strides), x.data.ptr)))
@@ -281,6 +294,31 @@ def test_backward_with_dq_atomics_and_splits(fake, monkeypatch):
     p = main[4]
     assert p["splits"] >= 1 and main[1][0] == p["splits"] and p["dq_order"] == 0
     assert fin[1] == _registry.backward_dq_grid(cfg, 2000, 64, 4, 1)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward_carves_its_scratch_from_a_given_arena(fake, deterministic):
+    """With scratch= (cuflash.jax's XLA-owned buffer), D, the dQ sums, the turn counters and
+    the GQA parts' slices are views of the arena, of the size _backward_scratch_bytes
+    predicts; a smaller arena is refused."""
+    q, k, v = _qkv(1, 500, 500, 8, 1, 128)  # MQA, one batch entry: the heads go in parts
+    dout, out = FakeArray(np.ones(q.shape, np.float16)), FakeArray(np.ones(q.shape, np.float16))
+    lse = FakeArray(np.zeros((1, 8, 500), np.float32))
+    nbytes = _api._backward_scratch_bytes(q.shape, k.shape, True, (-1, -1), 0.0, None,
+                                          deterministic)
+    arena = FakeArray(np.zeros(nbytes, np.uint8))
+    _api._backward(dout, q, k, v, out, lse, True, None, deterministic, None, None, None, None,
+                   scratch=arena)
+    pre, main, fin = fake
+    p = main[4]
+    inside = range(arena.data.ptr, arena.data.ptr + nbytes)
+    assert p["head_parts"] > 1 and p["dk"] in inside and p["dv"] in inside
+    assert p["dsum"] in inside and p["dq_accum"] in inside
+    assert (p["dq_order"] in inside) == deterministic
+    del fake[:]
+    with pytest.raises(ValueError, match="scratch needs"):
+        _api._backward(dout, q, k, v, out, lse, True, None, deterministic, None, None, None,
+                       None, scratch=FakeArray(np.zeros(nbytes - 1, np.uint8)))
 
 
 def test_registry_lists_every_variant_source():

@@ -375,3 +375,44 @@ def test_varlen_refuses_bad_input_at_trace_time():
     with pytest.raises(Exception, match="vmap"):
         jax.vmap(lambda q: f(q, q, q, [0, 10], [0, 10], 10, 10))(
             jnp.zeros((2, 10, 2, 16), jnp.float16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("command_buffer", [False, True])
+def test_jitted_steps_stay_right_for_fresh_inputs_and_allocate_nothing(command_buffer):
+    """A jitted deterministic forward+backward on fresh inputs at every call (new buffer
+    addresses) gives bitwise the eager call's results, also where XLA captures the launches
+    into a CUDA graph (command_buffer: a replay at stale addresses would differ); and once
+    compiled, the callbacks allocate nothing from CuPy's pool (the backward's scratch is
+    XLA's). MQA at batch 1, so that the backward's head parts and their sum are used too."""
+    import cupy
+    dev = _cuda_device()
+    if dev is None:
+        pytest.skip("JAX has no CUDA backend here")
+
+    def loss(q, k, v, cb):
+        return jnp.sum(cjax.flash_attention(q, k, v, causal=True, deterministic=True,
+                                            command_buffer=cb).astype(jnp.float32) ** 2)
+    step = jax.jit(jax.value_and_grad(lambda q, k, v: loss(q, k, v, command_buffer),
+                                      argnums=(0, 1, 2)))
+    shapes = [(1, 500, 8, 128), (1, 500, 1, 128), (1, 500, 1, 128)]
+    jax.block_until_ready(step(*_inputs(dev, shapes, jnp.bfloat16, seed=99)[1]))  # (compiled)
+    allocations = []
+    pool = cupy.get_default_memory_pool()
+
+    def counting(nbytes):
+        allocations.append(nbytes)
+        return pool.malloc(nbytes)
+    for seed in range(4):
+        _, (Q, K, V) = _inputs(dev, shapes, jnp.bfloat16, seed=seed)
+        cupy.cuda.set_allocator(counting)
+        try:
+            value, grads = jax.block_until_ready(step(Q, K, V))
+        finally:
+            cupy.cuda.set_allocator(pool.malloc)
+        eager = jax.value_and_grad(lambda q, k, v: loss(q, k, v, False), argnums=(0, 1, 2))
+        value_e, grads_e = eager(Q, K, V)
+        np.testing.assert_allclose(float(value), float(value_e), rtol=1e-6)
+        for a, b in zip(grads, grads_e):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert allocations == [], f"the callbacks allocated {allocations} from CuPy's pool"
