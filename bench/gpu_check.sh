@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check that CI (no GPU) cannot run, in one call on a GPU machine:
 #   bash bench/gpu_check.sh [tests] [slow] [sanitize] [gqa] [bench] [grid] [parity] [sweep] [demo]
-#                           [jax] [ring]
+#                           [decode] [varlen] [jax] [ring]
 #   (default: tests bench grid parity sweep demo; ring needs a machine of 2+ GPUs)
 # Logs and JSON go to $OUT (default ./gpu-logs). Runs from the working tree (PYTHONPATH=.),
 # as on the H200 test machine, where nothing can be pip-installed.
@@ -70,6 +70,16 @@ for step in $steps; do
     demo)
       python3 -m cuflash.demo 2>&1 | tee "$OUT/demo.log"
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    decode)  # issue 20: KV-cache decoding against FA2 and cuDNN (torch), kernel timing
+      python3 bench/decode_bench.py --json "$OUT/decode_bench.json" 2>&1 \
+        | tee "$OUT/decode_bench.log"
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    varlen)  # issue 19: a packed batch of 64..8192-token sequences against the padded batch
+      for d in 128 64; do
+        python3 bench/varlen_bench.py --headdim $d --json "$OUT/varlen_d$d.json" 2>&1 \
+          | tee "$OUT/varlen_d$d.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      done ;;
     jax)  # issue 21: cuflash.jax inside jit against JAX's cuDNN and XLA attention (d 128)
       python3 bench/jax_bench.py --json "$OUT/jax_bench.json" 2>&1 | tee "$OUT/jax_bench.log"
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
