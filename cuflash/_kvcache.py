@@ -26,7 +26,7 @@ def _self_overlapping(shape: tuple, strides: tuple, itemsize: int) -> bool:
 def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block_table=None,
                     causal: bool = False, softmax_scale: float | None = None,
                     window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
-                    num_splits: int = 0, check_inputs: bool = False):
+                    num_splits: int = 0, check_inputs: bool = False, out=None, lse=None):
     """Attention of new queries against a KV cache (FlashAttention-2's
     ``flash_attn_with_kvcache``): returns ``(out, lse)``, out like q, lse float32
     (batch, heads, seqlen_q).
@@ -53,15 +53,17 @@ def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block
     reads or writes out of bounds. ``check_inputs=True`` checks them too (one copy to the
     host, a synchronisation). With k and v the caches are written in place: their rows must
     not share memory with each other or with q, k, v.
+    out, lse: optional preallocated outputs, with ``forward``'s rules (sharing no memory
+    with q, the caches, k or v).
     """
     return _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal,
                             softmax_scale, window_size, softcap, alibi_slopes, num_splits,
-                            check_inputs)
+                            check_inputs, out=out, lse=lse)
 
 
 def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal,
                      softmax_scale, window_size, softcap, alibi_slopes, num_splits,
-                     check_inputs, config=None):
+                     check_inputs, config=None, out=None, lse=None):
     """forward_kvcache, with an explicit tile (`config`, a _plan.DecodeConfig or None for the
     planner's): the tests' hook to run every tile of the table on one GPU."""
     cupy = _api._cupy()
@@ -177,8 +179,9 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
                                {"q": q, "k": k, "v": v})
 
     with _api._on_device(cupy, device_id):
-        out = cupy.empty(q.shape, dtype=q.dtype)
-        lse = cupy.empty((batch, nheads, seqlen_q), dtype=cupy.float32)
+        out, _, lse = _api._forward_outputs(cupy, q, out, lse, (batch, nheads, seqlen_q), False,
+                                            {"q": q, "k_cache": k_cache, "v_cache": v_cache,
+                                             "k": k, "v": v})
         if batch == 0 or out.size == 0 and not seqlen_new:
             return out, lse
         if not isinstance(cache_seqlens, cupy.ndarray):
