@@ -635,6 +635,39 @@ def _packed(cupy, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     return _Packed(batch, maxes[0], maxes[1], cu_q, cu_k, total_q)
 
 
+def _forward_outputs(cupy, q, out, lse, lse_shape, odd_d: bool, inputs: dict) -> tuple:
+    """(out, its (batch, seq, head) strides, lse) of a forward: new arrays, or the caller's,
+    checked (shape, dtype, layout, alignment, no memory shared with each other or with
+    `inputs`)."""
+    given = {}
+    if out is None:
+        out = cupy.empty(q.shape, dtype=q.dtype)
+        b, s, h, d = q.shape
+        out_strides = (s * h * d, h * d, d)
+    else:
+        _check_given(cupy, "out", out, q.shape, q.dtype, q)
+        if (out.shape, out.strides, out.dtype) not in _out_layouts_ok:
+            _check_layout("out", out)
+            if len(_out_layouts_ok) >= 1024:
+                _out_layouts_ok.clear()
+            _out_layouts_ok.add((out.shape, out.strides, out.dtype))
+        _check_output_alignment("out", out, 2 if odd_d else 16)
+        if not odd_d and _aligned(cupy, out) is not out:
+            raise ValueError("out must start on a 16-byte boundary with strides that are "
+                             "multiples of 8 elements")
+        out_strides = _strides(out)
+        given["out"] = out
+    if lse is None:
+        lse = cupy.empty(lse_shape, dtype=cupy.float32)
+    else:
+        _check_given(cupy, "lse", lse, lse_shape, np.float32, q, True)
+        _check_output_alignment("lse", lse, 4)
+        given["lse"] = lse
+    if given:  # (a freshly allocated output overlaps nothing)
+        _check_no_overlap(given, {n: x for n, x in inputs.items() if x is not None})
+    return out, out_strides, lse
+
+
 def _check_algorithm(algorithm) -> None:
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise (ValueError if isinstance(algorithm, str) else TypeError)(
@@ -666,31 +699,8 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
     features = {**features, **fields} if features else fields
 
     with _on_device(cupy, device_id):
-        given = {}
-        if out is None:
-            out = cupy.empty(q.shape, dtype=q.dtype)
-            out_strides = (q.shape[1] * nheads * d, nheads * d, d)
-        else:
-            _check_given(cupy, "out", out, q.shape, q.dtype, q)
-            if (out.shape, out.strides, out.dtype) not in _out_layouts_ok:
-                _check_layout("out", out)
-                if len(_out_layouts_ok) >= 1024:
-                    _out_layouts_ok.clear()
-                _out_layouts_ok.add((out.shape, out.strides, out.dtype))
-            _check_output_alignment("out", out, 2 if odd_d else 16)
-            if not odd_d and _aligned(cupy, out) is not out:
-                raise ValueError("out must start on a 16-byte boundary with strides that are "
-                                 "multiples of 8 elements")
-            out_strides = _strides(out)
-            given["out"] = out
-        if lse is None:
-            lse = cupy.empty(lse_shape, dtype=cupy.float32)
-        else:
-            _check_given(cupy, "lse", lse, lse_shape, np.float32, q, True)
-            _check_output_alignment("lse", lse, 4)
-            given["lse"] = lse
-        if given:  # (a freshly allocated output overlaps nothing)
-            _check_no_overlap(given, {"q": q, "k": k, "v": v})
+        out, out_strides, lse = _forward_outputs(cupy, q, out, lse, lse_shape, odd_d,
+                                                 {"q": q, "k": k, "v": v})
         if out.size == 0:
             return out, lse
         q, k, v, qkv_strides = _aligned_qkv(cupy, q, k, v, layout)

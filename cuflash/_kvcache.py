@@ -26,7 +26,7 @@ def _self_overlapping(shape: tuple, strides: tuple, itemsize: int) -> bool:
 def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block_table=None,
                     causal: bool = False, softmax_scale: float | None = None,
                     window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
-                    num_splits: int = 0, check_inputs: bool = False):
+                    num_splits: int = 0, check_inputs: bool = False, out=None, lse=None):
     """Attention of new queries against a KV cache (FlashAttention-2's
     ``flash_attn_with_kvcache``): returns ``(out, lse)``, out like q, lse float32
     (batch, heads, seqlen_q).
@@ -53,24 +53,20 @@ def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block
     reads or writes out of bounds. ``check_inputs=True`` checks them too (one copy to the
     host, a synchronisation). With k and v the caches are written in place: their rows must
     not share memory with each other or with q, k, v.
+    out, lse: optional preallocated outputs, with ``forward``'s rules (sharing no memory
+    with q, the caches, k or v).
     """
     return _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal,
                             softmax_scale, window_size, softcap, alibi_slopes, num_splits,
-                            check_inputs)
+                            check_inputs, out=out, lse=lse)
 
 
-def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal,
-                     softmax_scale, window_size, softcap, alibi_slopes, num_splits,
-                     check_inputs, config=None):
-    """forward_kvcache, with an explicit tile (`config`, a _plan.DecodeConfig or None for the
-    planner's): the tests' hook to run every tile of the table on one GPU."""
-    cupy = _api._cupy()
-    _api._require_gpu(cupy)
+def _check_shapes(q, k_cache, v_cache, k, v, paged: bool) -> int:
+    """The checks of forward_kvcache's arrays that need only their metadata (rank, dtype,
+    layout, shapes; cuflash.jax runs them at trace time). Returns seqlen_new (0: no append)."""
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _api._check_type(cupy, name, x)
         _api._check_layout(name, x)
     batch, seqlen_q, nheads, d = q.shape
-    paged = block_table is not None
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache must have the same shape, got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
@@ -88,24 +84,39 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
     if not paged and k_cache.shape[0] != batch:
         raise ValueError(f"a contiguous cache must hold one entry per batch entry of q: "
                          f"k_cache has {k_cache.shape[0]}, q {batch}")
+    if (k is None) != (v is None):
+        raise ValueError("give both k and v to append, or neither")
+    if k is None:
+        return 0
+    for name, x in (("k", k), ("v", v)):
+        _api._check_layout(name, x)
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {x.dtype}, q {q.dtype}")
+        if x.shape[0] != batch or x.shape[2:] != (nheads_k, d) or x.shape != k.shape:
+            raise ValueError(f"k and v must be (batch={batch}, seqlen_new, "
+                             f"heads_k={nheads_k}, d={d}), got {tuple(k.shape)} and "
+                             f"{tuple(v.shape)}")
+    return k.shape[1]
+
+
+def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal,
+                     softmax_scale, window_size, softcap, alibi_slopes, num_splits,
+                     check_inputs, config=None, out=None, lse=None):
+    """forward_kvcache, with an explicit tile (`config`, a _plan.DecodeConfig or None for the
+    planner's): the tests' hook to run every tile of the table on one GPU."""
+    cupy = _api._cupy()
+    _api._require_gpu(cupy)
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if x is not None:
+            _api._check_type(cupy, name, x)
+    paged = block_table is not None
+    seqlen_new = _check_shapes(q, k_cache, v_cache, k, v, paged)
+    batch, seqlen_q, nheads, d = q.shape
+    nheads_k = k_cache.shape[2]
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):  # (written in place: no copy)
         if x.data.ptr % 16 or not _api._rows_aligned(x.shape, x.strides, x.itemsize):
             raise ValueError(f"{name} must start on a 16-byte boundary with strides that are "
                              f"multiples of 8 elements (it is written in place)")
-    seqlen_new = 0
-    if (k is None) != (v is None):
-        raise ValueError("give both k and v to append, or neither")
-    if k is not None:
-        for name, x in (("k", k), ("v", v)):
-            _api._check_type(cupy, name, x)
-            _api._check_layout(name, x)
-            if x.dtype != q.dtype:
-                raise TypeError(f"{name} has dtype {x.dtype}, q {q.dtype}")
-            if x.shape[0] != batch or x.shape[2:] != (nheads_k, d) or x.shape != k.shape:
-                raise ValueError(f"k and v must be (batch={batch}, seqlen_new, "
-                                 f"heads_k={nheads_k}, d={d}), got {tuple(k.shape)} and "
-                                 f"{tuple(v.shape)}")
-        seqlen_new = k.shape[1]
     page_size = k_cache.shape[1] if paged else 0
     capacity = k_cache.shape[1]
     arrays = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
@@ -177,8 +188,9 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
                                {"q": q, "k": k, "v": v})
 
     with _api._on_device(cupy, device_id):
-        out = cupy.empty(q.shape, dtype=q.dtype)
-        lse = cupy.empty((batch, nheads, seqlen_q), dtype=cupy.float32)
+        out, _, lse = _api._forward_outputs(cupy, q, out, lse, (batch, nheads, seqlen_q), False,
+                                            {"q": q, "k_cache": k_cache, "v_cache": v_cache,
+                                             "k": k, "v": v})
         if batch == 0 or out.size == 0 and not seqlen_new:
             return out, lse
         if not isinstance(cache_seqlens, cupy.ndarray):

@@ -130,3 +130,20 @@ def test_self_overlap_test():
     assert _kvcache._self_overlapping((2, 32, 2, 64), (0, 256, 128, 2), 2)
     assert _kvcache._self_overlapping((2, 32, 2, 64), (8192, 64, 128, 2), 2)
     assert not _kvcache._self_overlapping((1, 32, 2, 64), (0, 256, 128, 2), 2)
+
+
+def test_given_out_and_lse_are_written(launches):
+    """out= and lse= (cuflash.jax's XLA buffers): the launch writes the given arrays, checked
+    as forward's are; one that shares memory with the cache is refused."""
+    q, kc, vc, k, v = _arrays(2, 1, 8, 2, 64, 256, new=1)
+    out = FakeArray(np.zeros(q.shape, BF16))
+    lse = FakeArray(np.zeros((2, 8, 1), np.float32))
+    got = _kvcache.forward_kvcache(q, kc, vc, [3, 7], k=k, v=v, out=out, lse=lse)
+    assert got[0] is out and got[1] is lse
+    for name, _, _, _, p in launches:  # (append, attention, combine: one struct)
+        assert (p["o"], p["lse"]) == (out.data.ptr, lse.data.ptr), name
+    with pytest.raises(ValueError, match="out must have shape"):
+        _kvcache.forward_kvcache(q, kc, vc, [3, 7], out=FakeArray(np.zeros((2, 2, 8, 64), BF16)))
+    with pytest.raises(ValueError, match="share memory|overlap"):
+        _kvcache.forward_kvcache(q, kc, vc, [3, 7], k=k, v=v,
+                                 out=FakeArray(np.zeros(q.shape, BF16), ptr=kc.data.ptr))
