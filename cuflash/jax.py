@@ -32,9 +32,9 @@ except ImportError as exc:
     raise ImportError(f"cuflash.jax needs JAX 0.7 or newer (jax.experimental.buffer_callback): "
                       f'pip install "cuflash[jax]" ({exc})') from exc
 
-from . import _api, reference
+from . import _api, _kvcache, reference
 
-__all__ = ["flash_attention", "flash_attention_varlen"]
+__all__ = ["flash_attention", "flash_attention_varlen", "flash_attention_kvcache"]
 
 
 def flash_attention(q, k, v, causal: bool = False, softmax_scale: float | None = None, *,
@@ -135,6 +135,106 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     return (out, lse) if return_lse else out
 
 
+def flash_attention_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None,
+                            block_table=None, causal: bool = False,
+                            softmax_scale: float | None = None, window_size=(-1, -1),
+                            softcap: float = 0.0, alibi_slopes=None, num_splits: int = 0,
+                            return_lse: bool = False):
+    """KV-cache decoding on JAX arrays: :func:`cuflash.forward_kvcache` (split-KV, GQA
+    packing, paged caches) under ``jax.jit``, on XLA's stream.
+
+    q : (batch, seqlen_q, heads, d); k_cache, v_cache : (batch, capacity, heads_k, d), or paged
+        (num_pages, page_size, heads_k, d) with block_table (batch, pages per entry) int32.
+    cache_seqlens : keys already cached per entry: an int, host integers (checked at trace
+        time against the capacity and the block table), or an int32 (batch,) JAX array
+        (traced, trusted as the CuPy API trusts device arrays: a wrong one reads or writes
+        out of bounds); block_table likewise.
+    k, v : optional new keys and values (batch, seqlen_new, heads_k, d) appended at
+        cache_seqlens before attending. The caches are then outputs too: the result is
+        ``(out, k_cache, v_cache)`` (``(out, lse, k_cache, v_cache)`` with return_lse), the
+        updated caches aliased to the inputs (``input_output_aliases``): inside ``jax.jit``
+        with the caches donated (``donate_argnums``) the append writes in place, otherwise
+        XLA copies the caches first. cache_seqlens is not advanced: the caller does that.
+    The options as :func:`cuflash.forward_kvcache`. Inference only: not differentiable, and
+    not under ``vmap``.
+    """
+    q, k_cache, v_cache = (jnp.asarray(x) for x in (q, k_cache, v_cache))
+    if k is not None:
+        k = jnp.asarray(k)
+    if v is not None:
+        v = jnp.asarray(v)
+    paged = block_table is not None
+    seqlen_new = _kvcache._check_shapes(*(None if x is None else _Meta(x)
+                                          for x in (q, k_cache, v_cache, k, v)), paged)
+    batch, seqlen_q, nheads, d = q.shape
+    # the block table and the cached lengths: host values checked here, traced ones trusted
+    table = block_table
+    if paged and not isinstance(block_table, jax.Array):
+        host = np.asarray(block_table)
+        if host.ndim != 2 or host.shape[0] != batch or not np.issubdtype(host.dtype,
+                                                                          np.integer):
+            raise ValueError(f"block_table must be integers (batch={batch}, pages per entry), "
+                             f"got {host.dtype} {host.shape}")
+        table = jnp.asarray(host, jnp.int32)
+    elif paged and (block_table.dtype != jnp.int32 or block_table.ndim != 2
+                    or block_table.shape[0] != batch):
+        raise ValueError(f"block_table must be a C-contiguous int32 array (batch={batch}, "
+                         f"pages per entry), got {block_table.dtype} {tuple(block_table.shape)}")
+    capacity = k_cache.shape[1] * table.shape[1] if paged else k_cache.shape[1]
+    if isinstance(cache_seqlens, jax.Array):
+        if cache_seqlens.dtype != jnp.int32 or cache_seqlens.shape != (batch,):
+            raise ValueError(f"cache_seqlens must be a contiguous int32 array ({batch},), got "
+                             f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+        lens = cache_seqlens
+        if paged and not isinstance(block_table, jax.Array):  # every page the table names
+            host = np.asarray(block_table)
+            if host.size and (host.min() < 0 or host.max() >= k_cache.shape[0]):
+                raise ValueError(f"block_table names pages outside 0..{k_cache.shape[0] - 1} "
+                                 "(with cache_seqlens on the GPU every entry is checked)")
+    else:
+        host_table = None if not paged or isinstance(block_table, jax.Array) \
+            else np.asarray(block_table)
+        lens = jnp.asarray(reference.check_kvcache(_Meta(k_cache), cache_seqlens, seqlen_new,
+                                                   batch, host_table, capacity), jnp.int32)
+    if not isinstance(num_splits, (int, np.integer)) or isinstance(num_splits, bool) or \
+            num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0: chosen), got {num_splits!r}")
+    causal = _api._check_flag("causal", causal)
+    scale = _api._softmax_scale(softmax_scale, d)
+    if alibi_slopes is not None and not hasattr(alibi_slopes, "shape"):
+        raise TypeError(f"alibi_slopes must be a JAX array, got "
+                        f"{type(alibi_slopes).__qualname__}")
+    _api._call_features(None, causal, window_size, softcap,
+                        None if alibi_slopes is None else _Meta(alibi_slopes), _Meta(q), batch,
+                        seqlen_q, capacity, d, scale)
+    opts = _Options(causal, scale, tuple(int(w) for w in window_size), float(softcap), False,
+                    np.dtype(q.dtype).name, "fa2", decode=int(num_splits))
+    slopes = None if alibi_slopes is None else \
+        jnp.broadcast_to(jnp.asarray(alibi_slopes, jnp.float32), (batch, nheads))
+    shapes = [jax.ShapeDtypeStruct(q.shape, q.dtype),
+              jax.ShapeDtypeStruct((batch, nheads, seqlen_q), jnp.float32)]
+    aliases = None
+    if seqlen_new:  # the caches, written in place (inputs 1 and 2 are outputs 2 and 3)
+        shapes += [jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype)] * 2
+        aliases = {1: 2, 2: 3}
+    args = (q, k_cache, v_cache, lens, k, v, table, slopes)
+    results = jax.lax.platform_dependent(
+        *args,
+        cuda=lambda *a: tuple(_decode_callback(opts, "cuda", tuple(shapes), aliases)(*a)),
+        cpu=lambda *a: tuple(_decode_callback(opts, "cpu", tuple(shapes), aliases)(*a)))
+    out, lse = results[:2]
+    head = (out, lse) if return_lse else (out,)
+    if seqlen_new:
+        return head + tuple(results[2:])
+    return head if return_lse else out
+
+
+def _decode_callback(opts, platform: str, shapes: tuple, aliases):
+    run = _gpu_decode if platform == "cuda" else _cpu_decode
+    return buffer_callback(functools.partial(run, opts), shapes,
+                           input_output_aliases=aliases)
+
+
 # --- trace-time checks ---------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +250,7 @@ class _Options:
     algorithm: str
     packed: tuple | None = None  # (max_seqlen_q, max_seqlen_k) of a packed batch
     command_buffer: bool = False
+    decode: int | None = None  # KV-cache decoding: its num_splits (0: chosen)
 
 
 class _Meta:
@@ -479,6 +580,25 @@ def _gpu_backward_varlen(opts, ctx, outputs, dout, q, k, v, out, lse, slopes, cu
                              deterministic=opts.deterministic, dq=dQ, dk=dK, dv=dV)
 
 
+def _gpu_decode(opts, ctx, outputs, q, k_cache, v_cache, lens, k, v, table, slopes):
+    cupy = _api._cupy()
+    hit = _stream(cupy, ctx.stream, outputs)
+    if hit is None:
+        return
+    stream, device = hit
+    with _api._on_device(cupy, device), stream:
+        # with an append the caches are outputs aliased to the inputs (the same buffers)
+        caches = outputs[2:] if len(outputs) > 2 else (k_cache, v_cache)
+        Q, O, KC, VC = (_view(cupy, x, opts.dtype, 4, device)
+                        for x in (q, outputs[0], *caches))
+        K, V = (None if x is None else _view(cupy, x, opts.dtype, 4, device) for x in (k, v))
+        _kvcache.forward_kvcache(
+            Q, KC, VC, _view(cupy, lens, "int32", 1, device), k=K, v=V,
+            block_table=_view(cupy, table, "int32", 2, device), **_features(opts),
+            alibi_slopes=_view(cupy, slopes, "float32", 2, device), num_splits=opts.decode,
+            out=O, lse=_view(cupy, outputs[1], "float32", 3, device))
+
+
 # --- CPU: the float64 reference (tests, debugging) -----------------------------------------
 
 def _host(buf, tail: int):
@@ -526,3 +646,17 @@ def _cpu_backward_varlen(opts, ctx, outputs, dout, q, k, v, out, lse, slopes, cu
     for g, buf in zip(grads, outputs):
         dst = np.asarray(buf)
         dst[...] = g.astype(dst.dtype)
+
+
+def _cpu_decode(opts, ctx, outputs, q, k_cache, v_cache, lens, k, v, table, slopes):
+    del ctx
+    q, kc, vc, lens = (np.asarray(x) for x in (q, k_cache, v_cache, lens))
+    k, v, table, slopes = (None if x is None else np.asarray(x) for x in (k, v, table, slopes))
+    O, L = reference.attention_kvcache_naive(q, kc, vc, lens, k=k, v=v, block_table=table,
+                                             **_features(opts), alibi_slopes=slopes)
+    out, lse = (np.asarray(x) for x in outputs[:2])
+    out[...] = O.astype(out.dtype)
+    lse[...] = L.astype(np.float32)
+    if k is not None:  # the appended caches (the outputs alias the inputs)
+        for dst, src in zip(outputs[2:], reference.kvcache_append(kc, vc, lens, k, v, table)):
+            np.asarray(dst)[...] = src
