@@ -1213,7 +1213,7 @@ def _round_up(n: int, m: int) -> int:
 
 
 def _backward_scratch(cfg, deterministic, causal, batch, nheads, nheads_k, seqlen_q, seqlen_k,
-                      k_shape, sms, total_q=None) -> _Scratch:
+                      k_shape, sms, total_q=None, bound=False) -> _Scratch:
     """What a backward launch needs besides its inputs and outputs. D = rowsum(dO ∘ O),
     float32 (batch, heads, seqlen_q); float32 dQ sums, with dq_bulk in whole row blocks, in the
     kernel's fragment order. Deterministic with dq_bulk ("ordered"): additions in a fixed order,
@@ -1222,18 +1222,24 @@ def _backward_scratch(cfg, deterministic, causal, batch, nheads, nheads_k, seqle
     "Deterministic mode"). GQA / MQA: each block sums the query heads of one part of a group
     into dK_j, dV_j; more than one part only where one would leave SMs idle, then float32
     slices per part and their sum. total_q: a packed batch's (D as L, (heads, total_q); one
-    part; its dQ sums are _packed_dq_workspace's, compact, not listed here)."""
+    part; its dQ sums are _packed_dq_workspace's, compact, not listed here). bound: sizes that
+    hold for this batch and for any multiple of it folded into one (vmap): the most dQ slices
+    and head parts the split and part choices could give, which only shrink as the batch
+    grows."""
     group = nheads // nheads_k
     ordered = bool(deterministic and cfg.dq_bulk)
     T_c = (seqlen_k + cfg.B_c - 1) // cfg.B_c
     T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
     rows = T_r * cfg.B_r if cfg.dq_bulk else seqlen_q
     split = deterministic and not ordered
+    slice_bytes = batch * nheads * rows * cfg.HD * 4
     splits = _registry.deterministic_splits(sms, T_c, batch * nheads_k, cfg, seqlen_q * group,
-                                            batch * nheads * rows * cfg.HD * 4, causal) \
-        if split else 1
+                                            slice_bytes, causal) if split else 1
+    if bound and split:  # (deterministic_splits' limit, which falls as slices grow)
+        splits = max(2, min(16, -(-_registry.SPLIT_SCRATCH_FLOOR // slice_bytes)))
     parts = 1 if total_q is not None else \
-        _registry.head_parts(group, (splits if split else T_c) * nheads_k * batch, sms)
+        _registry.head_parts(group, (1 if split and bound else splits if split else T_c)
+                             * nheads_k * batch, sms)
     f32, i32 = np.float32, np.int32
     arrays = [("D", (nheads, total_q) if total_q is not None else (batch, nheads, seqlen_q),
                f32, False)]
@@ -1251,9 +1257,10 @@ def _backward_scratch(cfg, deterministic, causal, batch, nheads, nheads_k, seqle
 
 def _backward_scratch_bytes(q_shape, k_shape, causal, window_size, softcap, alibi_slopes,
                             deterministic, device_id=None) -> int:
-    """The arena size `_backward(..., scratch=)` needs for these shapes and options on a GPU
-    (the current one by default), planned as _backward plans: cuflash.jax asks XLA for it as
-    an output of the callback. alibi_slopes: None or metadata (shape, dtype)."""
+    """An arena size that `_backward(..., scratch=)` can carve for these shapes and options
+    on a GPU (the current one by default), also with the batch multiplied (vmap folds its axes
+    into the batch): cuflash.jax asks XLA for it as an output of the callback. alibi_slopes:
+    None or metadata (shape, dtype)."""
     cupy = _cupy()
     if device_id is None:
         device_id = cupy.cuda.runtime.getDevice()
@@ -1270,7 +1277,7 @@ def _backward_scratch_bytes(q_shape, k_shape, causal, window_size, softcap, alib
                                 hooked, odd_d, False)
     sms = _device_properties(cupy, device_id)["multiProcessorCount"]
     return _backward_scratch(cfg, deterministic, upper, batch, nheads, nheads_k, seqlen_q,
-                             seqlen_k, k_shape, sms).nbytes
+                             seqlen_k, k_shape, sms, bound=True).nbytes
 
 
 def _scratch_arrays(cupy, spec: _Scratch, arena=None) -> dict:

@@ -667,3 +667,23 @@ def test_odd_head_dim_takes_the_odd_d_kernels(fake, causal):
     assert (main[4]["d"], main[4]["window_left"], main[4]["dout"]) == (59, 400, dout.data.ptr)
     with pytest.raises(ValueError, match="algorithm='fa1' needs a head dim that is a multiple"):
         _api.forward(q, k, v, algorithm="fa1")
+
+
+@pytest.mark.parametrize("sq,sk,h,hk,d,batch,folds", [
+    (17, 9000, 16, 16, 32, 2, 3), (300, 5000, 8, 1, 64, 1, 4), (1000, 1000, 4, 4, 128, 1, 8)])
+def test_backward_scratch_size_holds_for_folded_batches(fake, monkeypatch, sq, sk, h, hk, d,
+                                                        batch, folds):
+    """cuflash.jax sizes the scratch for one vmap slice and XLA hands the callback `folds`
+    of them for the folded batch: enough on sm_80 too, where the deterministic mode's dQ
+    slices and the GQA parts are chosen per batch size (found by review: 3 slices of one
+    batch became 9 of the folded one)."""
+    cp = _fake_cupy(sms=108, smem=163 * 1024, cc=80)
+    monkeypatch.setattr(_api, "_cupy", lambda: cp)
+    for deterministic in (False, True):
+        one = _api._backward_scratch_bytes((batch, sq, h, d), (batch, sk, hk, d), False,
+                                           (-1, -1), 0.0, None, deterministic)
+        q, k, v = _qkv(batch * folds, sq, sk, h, hk, d)
+        dout, out = (FakeArray(np.ones(q.shape, np.float16)) for _ in range(2))
+        lse = FakeArray(np.zeros((batch * folds, h, sq), np.float32))
+        _api._backward(dout, q, k, v, out, lse, False, None, deterministic, None, None, None,
+                       None, scratch=FakeArray(np.zeros(one * folds, np.uint8)))
