@@ -188,9 +188,12 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
                                {"q": q, "k": k, "v": v})
 
     with _api._on_device(cupy, device_id):
-        out, _, lse = _api._forward_outputs(cupy, q, out, lse, (batch, nheads, seqlen_q), False,
-                                            {"q": q, "k_cache": k_cache, "v_cache": v_cache,
-                                             "k": k, "v": v})
+        out, _, lse = _api._forward_outputs(
+            cupy, q, out, lse, (batch, nheads, seqlen_q), False,
+            {"q": q, "k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v,
+             "cache_seqlens": cache_seqlens if isinstance(cache_seqlens, cupy.ndarray) else None,
+             "block_table": block_table if isinstance(block_table, cupy.ndarray) else None,
+             "alibi_slopes": alibi_slopes})
         if batch == 0 or out.size == 0 and not seqlen_new:
             return out, lse
         if not isinstance(cache_seqlens, cupy.ndarray):

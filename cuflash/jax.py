@@ -180,6 +180,9 @@ def flash_attention_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=Non
                     or block_table.shape[0] != batch):
         raise ValueError(f"block_table must be a C-contiguous int32 array (batch={batch}, "
                          f"pages per entry), got {block_table.dtype} {tuple(block_table.shape)}")
+    if paged and k_cache.shape[1] == 0:
+        raise ValueError("a paged cache's pages must hold at least one key (k_cache "
+                         "(num_pages, page_size, heads_k, d) with page_size 0)")
     capacity = k_cache.shape[1] * table.shape[1] if paged else k_cache.shape[1]
     if isinstance(cache_seqlens, jax.Array):
         if cache_seqlens.dtype != jnp.int32 or cache_seqlens.shape != (batch,):
@@ -211,28 +214,34 @@ def flash_attention_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=Non
                     np.dtype(q.dtype).name, "fa2", decode=int(num_splits))
     slopes = None if alibi_slopes is None else \
         jnp.broadcast_to(jnp.asarray(alibi_slopes, jnp.float32), (batch, nheads))
+    results = _decode_jit(opts, k is not None, q, k_cache, v_cache, lens, k, v, table, slopes)
+    head = results[:2] if return_lse else results[:1]
+    if k is not None:  # the caches with the new keys (unchanged where none are new)
+        return head + results[2:]
+    return head if return_lse else head[0]
+
+
+def _decode(opts, append: bool, q, k_cache, v_cache, lens, k, v, table, slopes):
+    batch, seqlen_q, nheads, _ = q.shape
     shapes = [jax.ShapeDtypeStruct(q.shape, q.dtype),
               jax.ShapeDtypeStruct((batch, nheads, seqlen_q), jnp.float32)]
-    aliases = None
-    if seqlen_new:  # the caches, written in place (inputs 1 and 2 are outputs 2 and 3)
+    if append:  # the caches, written in place: inputs 1 and 2 are outputs 2 and 3
         shapes += [jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype)] * 2
-        aliases = {1: 2, 2: 3}
-    args = (q, k_cache, v_cache, lens, k, v, table, slopes)
-    results = jax.lax.platform_dependent(
-        *args,
-        cuda=lambda *a: tuple(_decode_callback(opts, "cuda", tuple(shapes), aliases)(*a)),
-        cpu=lambda *a: tuple(_decode_callback(opts, "cpu", tuple(shapes), aliases)(*a)))
-    out, lse = results[:2]
-    head = (out, lse) if return_lse else (out,)
-    if seqlen_new:
-        return head + tuple(results[2:])
-    return head if return_lse else out
+    return tuple(jax.lax.platform_dependent(
+        q, k_cache, v_cache, lens, k, v, table, slopes,
+        cuda=lambda *a: tuple(_decode_callback(opts, "cuda", tuple(shapes))(*a)),
+        cpu=lambda *a: tuple(_decode_callback(opts, "cpu", tuple(shapes))(*a))))
 
 
-def _decode_callback(opts, platform: str, shapes: tuple, aliases):
+# (through jit even for eager callers: the arrays' device picks the platform, see _attention_jit)
+_decode_jit = jax.jit(_decode, static_argnums=(0, 1))
+
+
+@functools.lru_cache(maxsize=256)
+def _decode_callback(opts, platform: str, shapes: tuple):
     run = _gpu_decode if platform == "cuda" else _cpu_decode
     return buffer_callback(functools.partial(run, opts), shapes,
-                           input_output_aliases=aliases)
+                           input_output_aliases={1: 2, 2: 3} if len(shapes) > 2 else None)
 
 
 # --- trace-time checks ---------------------------------------------------------------------

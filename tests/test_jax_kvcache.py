@@ -54,15 +54,21 @@ def test_decode_matches_float64_and_appends(device, paged, new, traced, causal, 
     k, v = ((rng.standard_normal((batch, new, heads_k, d)).astype(BF16) for _ in range(2))
             if new else (None, None))
     put = lambda x: None if x is None else jax.device_put(x, device)  # noqa: E731
-    Q, KC, VC, K, V, T = (put(x) for x in (q, kc, vc, k, v, table))
-    L_arg = put(lens) if traced else lens
-
-    @jax.jit
-    def step(Q, KC, VC, L_arg, K, V, T):
-        return cjax.flash_attention_kvcache(Q, KC, VC, L_arg, k=K, v=V, block_table=T,
-                                            causal=causal, return_lse=True)
-
-    res = step(Q, KC, VC, L_arg, K, V, T)
+    Q, KC, VC, K, V = (put(x) for x in (q, kc, vc, k, v))
+    if traced:  # lengths and table as arguments of the jitted step: traced, trusted
+        @jax.jit
+        def step(Q, KC, VC, K, V, lens_, table_):
+            return cjax.flash_attention_kvcache(Q, KC, VC, lens_, k=K, v=V,
+                                                block_table=table_, causal=causal,
+                                                return_lse=True)
+        res = step(Q, KC, VC, K, V, put(lens), put(table))
+    else:  # host values, checked at trace time and folded in as constants
+        @jax.jit
+        def step(Q, KC, VC, K, V):
+            return cjax.flash_attention_kvcache(Q, KC, VC, [int(n) for n in lens], k=K, v=V,
+                                                block_table=table, causal=causal,
+                                                return_lse=True)
+        res = step(Q, KC, VC, K, V)
     out, lse = res[:2]
     O, L = reference.attention_kvcache_naive(q, kc, vc, lens, k=k, v=v, block_table=table,
                                              causal=causal)
@@ -102,3 +108,20 @@ def test_decode_refuses_bad_input_at_trace_time():
                        q, paged)
     with pytest.raises(ValueError, match="num_splits"):
         jax.eval_shape(lambda q, kc: f(q, kc, kc, 3, num_splits=-1), q, kc)
+
+
+def test_decode_eagerly_and_with_an_empty_append():
+    """An eager call (no jit around it) gives the jitted result; k and v with no new rows
+    still return the caches, unchanged."""
+    rng = np.random.default_rng(3)
+    q = jnp.asarray(rng.standard_normal((2, 1, 4, 32)), jnp.float16)
+    kc, vc = (jnp.asarray(rng.standard_normal((2, 40, 2, 32)), jnp.float16) for _ in range(2))
+    k0 = jnp.zeros((2, 0, 2, 32), jnp.float16)
+    f = cjax.flash_attention_kvcache
+    eager = f(q, kc, vc, [5, 40])
+    np.testing.assert_array_equal(np.asarray(eager),
+                                  np.asarray(jax.jit(lambda q: f(q, kc, vc, [5, 40]))(q)))
+    out, kc2, vc2 = f(q, kc, vc, [5, 40], k=k0, v=k0)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(eager))
+    np.testing.assert_array_equal(np.asarray(kc2), np.asarray(kc))
+    np.testing.assert_array_equal(np.asarray(vc2), np.asarray(vc))
