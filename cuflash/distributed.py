@@ -457,6 +457,21 @@ def _ring(comm):
     return ring
 
 
+def _prepare(which, q, k, v, comm, causal, softmax_scale, softcap, layout, window_size,
+             alibi_slopes) -> tuple:
+    """A ring call's checks: (its RingComm, causal as a bool, k and v C-contiguous: NCCL sends
+    them as bytes); the shapes and options agreed with every rank (once per key)."""
+    _check_options(window_size, alibi_slopes, layout)
+    _, device_id, _ = _api._check_qkv(q, k, v)
+    ring = _ring(comm)
+    if device_id != ring.device:
+        raise ValueError(f"q is on GPU {device_id}, the communicator on GPU {ring.device}")
+    causal = _api._check_flag("causal", causal)
+    k, v = _contiguous(k), _contiguous(v)
+    ring.agree((which, q.shape, k.shape, str(q.dtype), causal, softmax_scale, softcap, layout))
+    return ring, causal, k, v
+
+
 def _contiguous(x):
     return x if x.flags.c_contiguous else _api._cupy().ascontiguousarray(x)
 
@@ -485,14 +500,8 @@ def ring_attention(q, k, v, comm, causal: bool = False, softmax_scale: float | N
     Returns (out, lse) of this rank's queries over the whole sequence: out like q, lse
     float32 (batch, heads, n_local). Runs on the current stream; the transfers on the comm's.
     """
-    _check_options(window_size, alibi_slopes, layout)
-    _, device_id, _ = _api._check_qkv(q, k, v)
-    ring = _ring(comm)
-    if device_id != ring.device:
-        raise ValueError(f"q is on GPU {device_id}, the communicator on GPU {ring.device}")
-    causal = _api._check_flag("causal", causal)
-    k, v = _contiguous(k), _contiguous(v)  # (NCCL sends them as bytes)
-    ring.agree(("fwd", q.shape, k.shape, str(q.dtype), causal, softmax_scale, softcap, layout))
+    ring, causal, k, v = _prepare("fwd", q, k, v, comm, causal, softmax_scale, softcap,
+                                  layout, window_size, alibi_slopes)
 
     def attend(qb, kb, vb, block_causal):
         return _api.forward(qb, kb, vb, causal=block_causal, softmax_scale=softmax_scale,
@@ -506,14 +515,8 @@ def ring_attention_backward(dout, q, k, v, out, lse, comm, causal: bool = False,
                             layout: str = "zigzag", window_size=(-1, -1), alibi_slopes=None):
     """Gradients of :func:`ring_attention` for this rank's chunk: (dq, dk, dv) like q, k, v.
     Every rank calls it with the same options as the forward."""
-    _check_options(window_size, alibi_slopes, layout)
-    _, device_id, _ = _api._check_qkv(q, k, v)
-    ring = _ring(comm)
-    if device_id != ring.device:
-        raise ValueError(f"q is on GPU {device_id}, the communicator on GPU {ring.device}")
-    causal = _api._check_flag("causal", causal)
-    k, v = _contiguous(k), _contiguous(v)
-    ring.agree(("bwd", q.shape, k.shape, str(q.dtype), causal, softmax_scale, softcap, layout))
+    ring, causal, k, v = _prepare("bwd", q, k, v, comm, causal, softmax_scale, softcap,
+                                  layout, window_size, alibi_slopes)
 
     def attend_backward(dob, qb, kb, vb, ob, lb, block_causal):
         return _api.backward(dob, qb, kb, vb, ob, lb, causal=block_causal,
