@@ -1,0 +1,173 @@
+"""CPU: cuflash.jax's CUDA callbacks (_gpu_forward, _gpu_backward, the varlen and KV-cache
+ones) with stand-ins for XLA's device buffers and for the cuflash calls they make.
+
+On a GPU the callbacks receive XLA's buffers (objects with __cuda_array_interface__ and a
+void dtype for bfloat16) and call cuflash on CuPy views of them. Here real CuPy views are
+built over fake addresses (no CUDA call is needed for that), and the cuflash functions are
+replaced by recorders, so that each test checks what a GPU run would hand to cuflash: which
+buffer goes where (by address), the shapes with vmap's leading axes folded into the batch,
+the dtypes, and every option. Skipped without JAX or CuPy."""
+
+import contextlib
+import math
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="JAX is not installed (pip install 'cuflash[jax]')")
+jnp = pytest.importorskip("jax.numpy")
+cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+cjax = pytest.importorskip("cuflash.jax")
+
+from cuflash import _api, _kvcache  # noqa: E402
+
+BF16 = jnp.dtype(jnp.bfloat16)
+
+
+class Buffer:
+    """What XLA hands a GPU buffer callback: shape, a dtype (bfloat16 arrives as void) and the
+    CUDA array interface, at a fake address."""
+    _next = [1 << 36]
+
+    def __init__(self, shape, dtype):
+        self.shape = tuple(shape)
+        dt = np.dtype(dtype)
+        self.dtype = np.dtype("V2") if dt == BF16 else dt
+        self.ptr = Buffer._next[0]
+        Buffer._next[0] += (math.prod(self.shape) * dt.itemsize + 1023) // 512 * 512 + 512
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"data": (self.ptr, False), "shape": self.shape, "version": 3}
+
+
+class Ctx:
+    stream = 12345
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Records each cuflash call the callbacks make: (name, args, kwargs)."""
+    got = []
+
+    def recorder(name):
+        return lambda *a, **kw: got.append((name, a, kw))
+    monkeypatch.setattr(cjax, "_stream", lambda cp, ptr, bufs: (contextlib.nullcontext(), 0))
+    monkeypatch.setattr(_api, "_on_device", lambda cp, dev: contextlib.nullcontext())
+    monkeypatch.setattr(_api, "_cupy", lambda: cupy)
+    for name in ("forward", "_backward", "forward_varlen", "backward_varlen"):
+        monkeypatch.setattr(_api, name, recorder(name))
+    monkeypatch.setattr(_kvcache, "forward_kvcache", recorder("forward_kvcache"))
+    return got
+
+
+def _opts(**kw):
+    base = dict(causal=True, scale=0.125, window_size=(7, 0), softcap=5.0, deterministic=True,
+                dtype="bfloat16", algorithm="fa2")
+    base.update(kw)
+    return cjax._Options(**base)
+
+
+def _is_view(x, buf, shape, dtype):
+    assert isinstance(x, cupy.ndarray)
+    assert x.data.ptr == buf.ptr, "not the buffer's own memory"
+    assert x.shape == shape and x.dtype == np.dtype(dtype) and x.flags.c_contiguous
+
+
+@pytest.mark.parametrize("lead", [(), (3,), (2, 3)], ids=["plain", "vmap", "vmap x2"])
+def test_forward_callback_views_xla_buffers_and_passes_every_option(calls, lead):
+    q, k, v = Buffer(lead + (2, 40, 4, 64), BF16), Buffer(lead + (2, 50, 2, 64), BF16), \
+        Buffer(lead + (2, 50, 2, 64), BF16)
+    out, lse, slopes = Buffer(lead + (2, 40, 4, 64), BF16), \
+        Buffer(lead + (2, 4, 40), np.float32), Buffer(lead + (2, 4), np.float32)
+    b = math.prod(lead) * 2
+    cjax._gpu_forward(_opts(algorithm="fa1"), Ctx(), (out, lse), q, k, v, slopes)
+    ((name, a, kw),) = calls
+    assert name == "forward"
+    for x, buf, shape in zip(a, (q, k, v), ((b, 40, 4, 64), (b, 50, 2, 64), (b, 50, 2, 64))):
+        _is_view(x, buf, shape, BF16)
+    _is_view(kw["out"], out, (b, 40, 4, 64), BF16)
+    _is_view(kw["lse"], lse, (b, 4, 40), np.float32)
+    _is_view(kw["alibi_slopes"], slopes, (b, 4), np.float32)
+    assert (kw["causal"], kw["softmax_scale"], kw["window_size"], kw["softcap"],
+            kw["algorithm"]) == (True, 0.125, (7, 0), 5.0, "fa1")
+
+
+def test_backward_callback_carves_its_scratch_from_xla(calls):
+    lead = (3,)
+    shp_q, shp_k = lead + (2, 40, 4, 64), lead + (2, 50, 2, 64)
+    dout, q, out = (Buffer(shp_q, np.float16) for _ in range(3))
+    k, v = Buffer(shp_k, np.float16), Buffer(shp_k, np.float16)
+    lse = Buffer(lead + (2, 4, 40), np.float32)
+    dq, dk, dv = Buffer(shp_q, np.float16), Buffer(shp_k, np.float16), Buffer(shp_k, np.float16)
+    scratch = Buffer(lead + (4096,), np.uint8)
+    cjax._gpu_backward(_opts(dtype="float16"), Ctx(), (dq, dk, dv, scratch), dout, q, k, v,
+                       out, lse, None)
+    ((name, a, kw),) = calls
+    assert name == "_backward"
+    dO, Q, K, V, O, L, causal, scale, det, dQ, dK, dV, config, window, cap, sl = a
+    for x, buf, shape in ((dO, dout, (6, 40, 4, 64)), (Q, q, (6, 40, 4, 64)),
+                          (K, k, (6, 50, 2, 64)), (V, v, (6, 50, 2, 64)),
+                          (O, out, (6, 40, 4, 64)), (dQ, dq, (6, 40, 4, 64)),
+                          (dK, dk, (6, 50, 2, 64)), (dV, dv, (6, 50, 2, 64))):
+        _is_view(x, buf, shape, np.float16)
+    _is_view(L, lse, (6, 4, 40), np.float32)
+    _is_view(kw["scratch"], scratch, (3 * 4096,), np.uint8)
+    assert (causal, scale, det, config, window, cap, sl) == \
+        (True, 0.125, True, None, (7, 0), 5.0, None)
+
+
+def test_varlen_callbacks_pass_the_cu_seqlens_and_the_longest_lengths(calls):
+    opts = _opts(deterministic=False, packed=(70, 90))
+    q, out, dout = (Buffer((100, 4, 32), BF16) for _ in range(3))
+    k, v = Buffer((120, 2, 32), BF16), Buffer((120, 2, 32), BF16)
+    lse = Buffer((4, 100), np.float32)
+    cu_q, cu_k = Buffer((4,), np.int32), Buffer((4,), np.int32)
+    cjax._gpu_forward_varlen(opts, Ctx(), (out, lse), q, k, v, None, cu_q, cu_k)
+    dq, dk, dv = Buffer((100, 4, 32), BF16), Buffer((120, 2, 32), BF16), \
+        Buffer((120, 2, 32), BF16)
+    cjax._gpu_backward_varlen(opts, Ctx(), (dq, dk, dv), dout, q, k, v, out, lse, None, cu_q,
+                              cu_k)
+    (f, fa, fkw), (b, ba, bkw) = calls
+    assert (f, b) == ("forward_varlen", "backward_varlen")
+    _is_view(fa[0], q, (100, 4, 32), BF16)
+    _is_view(fa[3], cu_q, (4,), np.int32)
+    _is_view(fa[4], cu_k, (4,), np.int32)
+    assert fa[5:] == (70, 90)
+    _is_view(fkw["out"], out, (100, 4, 32), BF16)
+    _is_view(fkw["lse"], lse, (4, 100), np.float32)
+    _is_view(ba[5], lse, (4, 100), np.float32)
+    _is_view(ba[6], cu_q, (4,), np.int32)
+    assert ba[8:] == (70, 90) and bkw["deterministic"] is False
+    for x, buf in ((bkw["dq"], dq), (bkw["dk"], dk), (bkw["dv"], dv)):
+        _is_view(x, buf, buf.shape, BF16)
+
+
+@pytest.mark.parametrize("append", [False, True])
+def test_decode_callback_writes_the_output_caches(calls, append):
+    """With an append the caches passed to forward_kvcache are the output buffers (XLA's
+    aliases of the inputs), so that the new keys land in what the step returns."""
+    opts = _opts(deterministic=False, decode=3)
+    q, out = Buffer((2, 1, 8, 64), BF16), Buffer((2, 1, 8, 64), BF16)
+    kc, vc = Buffer((10, 16, 2, 64), BF16), Buffer((10, 16, 2, 64), BF16)
+    lse = Buffer((2, 8, 1), np.float32)
+    lens, table = Buffer((2,), np.int32), Buffer((2, 5), np.int32)
+    k = v = None
+    outputs = (out, lse)
+    if append:
+        k, v = Buffer((2, 1, 2, 64), BF16), Buffer((2, 1, 2, 64), BF16)
+        outputs += (Buffer(kc.shape, BF16), Buffer(vc.shape, BF16))
+    cjax._gpu_decode(opts, Ctx(), outputs, q, kc, vc, lens, k, v, table, None)
+    ((name, a, kw),) = calls
+    assert name == "forward_kvcache"
+    _is_view(a[0], q, q.shape, BF16)
+    caches = outputs[2:] if append else (kc, vc)
+    _is_view(a[1], caches[0], kc.shape, BF16)
+    _is_view(a[2], caches[1], vc.shape, BF16)
+    _is_view(a[3], lens, (2,), np.int32)
+    _is_view(kw["block_table"], table, (2, 5), np.int32)
+    _is_view(kw["out"], out, out.shape, BF16)
+    _is_view(kw["lse"], lse, (2, 8, 1), np.float32)
+    assert kw["num_splits"] == 3 and (kw["k"] is None) == (not append)
+    if append:
+        _is_view(kw["k"], k, k.shape, BF16)
