@@ -378,7 +378,7 @@ class RingComm:
             finally:
                 self._watchdog.calling(None)
         if failure is not None:
-            self._watchdog.fail(f"got an error from NCCL on rank {self.rank} in a {what}: "
+            self._watchdog.fail(f"got an error from NCCL on rank {self.rank} ({what}): "
                                 f"{failure}")
             self.check()
         done = cupy.cuda.Event(block=False, disable_timing=True)
