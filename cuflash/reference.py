@@ -276,6 +276,12 @@ def _softmax_rows(xp, S):
     return E / xp.where(l != 0, l, 1), m, l                       # P = softmax(S); 0 if no key
 
 
+def _log_sum_exp(xp, m, l):
+    """L = m + log(l) per row, -inf for a row that saw no key (l = 0); NaN stays NaN."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return xp.where(l != 0, m + xp.log(xp.where(l != 0, l, 1.0)), -xp.inf)
+
+
 def attention_naive(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1),
                     softcap=0.0, alibi_slopes=None):
     """Standard attention in float64 (NumPy, or CuPy for CuPy inputs). Returns (O, L)."""
@@ -287,8 +293,7 @@ def attention_naive(q, k, v, causal=False, softmax_scale=None, *, window_size=(-
     _, S = _hooked_scores(xp, Q, K, mask, score)                  # S = hook(scale Q K^T)
     P, m, l = _softmax_rows(xp, S)                                # P = softmax(S)
     O = P @ V                                                     # O = P V
-    has_keys = l != 0  # (NaN in Q or K: l = NaN, and O, L stay NaN)
-    L = xp.where(has_keys, m + xp.log(xp.where(has_keys, l, 1.0)), -xp.inf)[..., 0]
+    L = _log_sum_exp(xp, m, l)[..., 0]  # (NaN in Q or K: l = NaN, and O, L stay NaN)
     return O.transpose(0, 2, 1, 3), L
 
 
@@ -399,8 +404,7 @@ def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
             m_i = m_new
         inv_l = np.divide(1.0, l_i, out=np.zeros_like(l_i), where=l_i != 0)
         O[:, :, rows] = inv_l[..., None] * O_i                         # O_i = diag(l)^-1 O~_i
-        with np.errstate(divide="ignore"):
-            L[:, :, rows] = np.where(l_i != 0, m_i + np.log(l_i), -np.inf)  # L = m + log l
+        L[:, :, rows] = _log_sum_exp(np, m_i, l_i)                     # L = m + log l
     return O.transpose(0, 2, 1, 3), L
 
 
@@ -686,9 +690,7 @@ def attention_fa1_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
             O[:, :, rows] = inv[..., None] * (alpha[..., None] * O_i       # O_i = diag(l_new)^-1
                                               + beta[..., None] * (P_t @ V_j))  # (...)
             l[:, :, rows], m[:, :, rows] = l_new, m_new                    # write back to HBM
-    with np.errstate(divide="ignore"):
-        L = np.where(l != 0, m + np.log(np.where(l != 0, l, 1.0)), -np.inf)
-    return O.transpose(0, 2, 1, 3), L
+    return O.transpose(0, 2, 1, 3), _log_sum_exp(np, m, l)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -853,10 +855,7 @@ def attention_kvcache_split(q, k_cache, v_cache, cache_seqlens, *, num_splits: i
                 S = np.where(visible[None, None, :, cols], S, -np.inf)[0]    # (G, sq, keys)
                 P, m, l_split = _softmax_rows(np, S)  # over this split's keys; 0 if none
                 O_s.append(P @ V_all[cols, hk])
-                with np.errstate(divide="ignore"):
-                    L_s.append(np.where(l_split != 0, m + np.log(np.where(l_split != 0,
-                                                                          l_split, 1.0)),
-                                        -np.inf)[..., 0])
+                L_s.append(_log_sum_exp(np, m, l_split)[..., 0])
             L_s, O_s = np.stack(L_s), np.stack(O_s)                  # (splits, G, sq[, d])
             top = L_s.max(axis=0)
             top_safe = np.where(np.isfinite(top), top, 0.0)
