@@ -99,6 +99,65 @@ def _check_shapes(q, k_cache, v_cache, k, v, paged: bool) -> int:
     return k.shape[1]
 
 
+def _check_lengths_and_table(k_cache, cache_seqlens, block_table, seqlen_new: int,
+                             batch: int, on_device, read_back=None) -> tuple:
+    """cache_seqlens and block_table (None: a contiguous cache) checked as far as the host
+    can: host values in full (reference.check_kvcache: capacity, the pages each entry uses),
+    device arrays (on_device(x); CuPy's here, traced ones in cuflash.jax) by their metadata,
+    and in full only where read_back(x) copies them to the host (check_inputs). With a host
+    table and lengths on the device, every page the table names is checked. Returns
+    (table_host, lens_host, capacity): the host copies or None, and each entry's key rows."""
+    paged = block_table is not None
+    table_host = None
+    capacity = k_cache.shape[1]
+    if paged:
+        if on_device(block_table):
+            if block_table.dtype != np.int32 or block_table.ndim != 2 or \
+                    block_table.shape[0] != batch or not _contiguous(block_table):
+                raise ValueError(f"block_table must be a C-contiguous int32 array (batch="
+                                 f"{batch}, pages per entry), got {block_table.dtype} "
+                                 f"{tuple(block_table.shape)}")
+            table_host = read_back(block_table) if read_back else None
+        else:
+            table_host = np.asarray(block_table)
+            if table_host.ndim != 2 or table_host.shape[0] != batch or \
+                    not np.issubdtype(table_host.dtype, np.integer):
+                raise ValueError(f"block_table must be integers (batch={batch}, pages per "
+                                 f"entry), got {table_host.dtype} {table_host.shape}")
+        if k_cache.shape[1] == 0:
+            raise ValueError("a paged cache's pages must hold at least one key (k_cache "
+                             "(num_pages, page_size, heads_k, d) with page_size 0)")
+        capacity = k_cache.shape[1] * np.shape(block_table)[1]
+    if on_device(cache_seqlens):
+        if cache_seqlens.dtype != np.int32 or tuple(cache_seqlens.shape) != (batch,) or \
+                not _contiguous(cache_seqlens):
+            raise ValueError(f"cache_seqlens must be a contiguous int32 array ({batch},), got "
+                             f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+        lens_host = read_back(cache_seqlens) if read_back else None
+        # the lengths unknown here: every page a host table names must be in the cache
+        if lens_host is None and table_host is not None and table_host.size and (
+                table_host.min() < 0 or table_host.max() >= k_cache.shape[0]):
+            raise ValueError(f"block_table names pages outside 0..{k_cache.shape[0] - 1} "
+                             f"(with cache_seqlens on the GPU every entry is checked)")
+    else:
+        lens_host = cache_seqlens
+    if lens_host is not None:  # (a trusted device block table: the capacity only)
+        lens_host = reference.check_kvcache(k_cache, lens_host, seqlen_new, batch, table_host,
+                                            capacity)
+    return table_host, lens_host, capacity
+
+
+def _contiguous(x) -> bool:
+    flags = getattr(x, "flags", None)  # (a traced JAX array has none: XLA's are contiguous)
+    return flags is None or flags.c_contiguous
+
+
+def _check_num_splits(num_splits) -> None:
+    if not isinstance(num_splits, (int, np.integer)) or isinstance(num_splits, bool) or \
+            num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0: chosen), got {num_splits!r}")
+
+
 def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal,
                      softmax_scale, window_size, softcap, alibi_slopes, num_splits,
                      check_inputs, config=None, out=None, lse=None):
@@ -118,54 +177,20 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
             raise ValueError(f"{name} must start on a 16-byte boundary with strides that are "
                              f"multiples of 8 elements (it is written in place)")
     page_size = k_cache.shape[1] if paged else 0
-    capacity = k_cache.shape[1]
     arrays = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
     if k is not None:
         arrays.update(k=k, v=v)
 
     # cache_seqlens and block_table: host values checked here, device arrays trusted
-    if paged:
-        if isinstance(block_table, cupy.ndarray):
-            if block_table.dtype != np.int32 or block_table.ndim != 2 or \
-                    block_table.shape[0] != batch or not block_table.flags.c_contiguous:
-                raise ValueError(f"block_table must be a C-contiguous int32 array (batch="
-                                 f"{batch}, pages per entry), got {block_table.dtype} "
-                                 f"{tuple(block_table.shape)}")
-            arrays["block_table"] = block_table
-            table_host = cupy.asnumpy(block_table) if check_inputs else None
-        else:
-            table_host = np.asarray(block_table)
-            if table_host.ndim != 2 or table_host.shape[0] != batch or \
-                    not np.issubdtype(table_host.dtype, np.integer):
-                raise ValueError(f"block_table must be integers (batch={batch}, pages per "
-                                 f"entry), got {table_host.dtype} {table_host.shape}")
-        if page_size == 0:
-            raise ValueError("a paged cache's pages must hold at least one key (k_cache "
-                             "(num_pages, page_size, heads_k, d) with page_size 0)")
-        # A host table with lengths the host knows: the pages each entry uses are checked
-        # below (reference.check_kvcache); with lengths on the GPU, every page it names.
-        lengths_unknown = isinstance(cache_seqlens, cupy.ndarray) and not check_inputs
-        if lengths_unknown and table_host is not None and table_host.size and (
-                table_host.min() < 0 or table_host.max() >= k_cache.shape[0]):
-            raise ValueError(f"block_table names pages outside 0..{k_cache.shape[0] - 1} "
-                             f"(with cache_seqlens on the GPU every entry is checked)")
-        capacity = page_size * np.shape(block_table)[1]
-    if isinstance(cache_seqlens, cupy.ndarray):
-        if cache_seqlens.dtype != np.int32 or cache_seqlens.shape != (batch,) or \
-                not cache_seqlens.flags.c_contiguous:
-            raise ValueError(f"cache_seqlens must be a contiguous int32 array ({batch},), got "
-                             f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
-        arrays["cache_seqlens"] = cache_seqlens
-        lens_host = cupy.asnumpy(cache_seqlens) if check_inputs else None
-    else:
-        lens_host = cache_seqlens
+    on_device = lambda x: isinstance(x, cupy.ndarray)  # noqa: E731
+    table_host, lens_host, capacity = _check_lengths_and_table(
+        k_cache, cache_seqlens, block_table, seqlen_new, batch, on_device,
+        cupy.asnumpy if check_inputs else None)
+    for name, x in (("block_table", block_table), ("cache_seqlens", cache_seqlens)):
+        if on_device(x):
+            arrays[name] = x
     device_id = _api._check_device(cupy, arrays)
-    if lens_host is not None:  # (a trusted device block table: the capacity only)
-        lens_host = reference.check_kvcache(k_cache, lens_host, seqlen_new, batch,
-                                            table_host if paged else None, capacity)
-    if not isinstance(num_splits, (int, np.integer)) or isinstance(num_splits, bool) or \
-            num_splits < 0:
-        raise ValueError(f"num_splits must be an int >= 0 (0: chosen), got {num_splits!r}")
+    _check_num_splits(num_splits)
 
     scale = _api._softmax_scale(softmax_scale, d)
     upper, local, hooked, _, features = _api._call_features(

@@ -150,20 +150,29 @@ def _ring_forward(ring, attend, q, k, v, causal: bool, layout: str):
     out = xp.zeros((batch, n, heads, d), dtype=xp.float32)
     lse = xp.full((batch, heads, n), -np.inf, dtype=xp.float32)
     steps = ring_steps(ring.rank, ring.world, n, causal, layout)
-    kv, spare = (k, v), None
-    for s, step in enumerate(steps):
-        pending = None
-        if s + 1 < ring.world:  # send the chunk in hand on while it is attended
-            spare = spare or (xp.empty_like(k), xp.empty_like(v))
-            pending = ring.exchange(kv, spare)
+    for step, kv in zip(steps, _chunks_in_hand(ring, k, v)):
         if step is not None:
             O_s, L_s = attend(q[:, step.q_rows], kv[0][:, step.kv_rows],
                               kv[1][:, step.kv_rows], step.causal)
             merge_partial(xp, out, lse, step.q_rows, O_s, L_s)
-        if pending is not None:
+    return out.astype(q.dtype), lse
+
+
+def _chunks_in_hand(ring, k, v):
+    """The K/V chunk in hand at each of the ring's steps, this rank's (k, v) first. Each is
+    sent on to rank + 1 while the caller's loop body attends it, and the next one received
+    from rank - 1 meanwhile (into a spare pair of buffers: never into k, v themselves)."""
+    xp = _xp(k)
+    kv, spare = (k, v), None
+    for s in range(ring.world):
+        pending = None
+        if s + 1 < ring.world:
+            spare = spare or (xp.empty_like(k), xp.empty_like(v))
+            pending = ring.exchange(kv, spare)
+        yield kv
+        if pending is not None:  # (after the body: its reads of kv are queued before)
             ring.wait(pending)
             kv, spare = spare, (kv if kv[0] is not k else None)
-    return out.astype(q.dtype), lse
 
 
 def _ring_backward(ring, attend_backward, dout, q, k, v, out, lse, causal: bool, layout: str):
@@ -176,12 +185,8 @@ def _ring_backward(ring, attend_backward, dout, q, k, v, out, lse, causal: bool,
     dkv = (xp.zeros(k.shape, dtype=xp.float32), xp.zeros(v.shape, dtype=xp.float32))
     dkv_spare = (xp.empty_like(dkv[0]), xp.empty_like(dkv[1])) if ring.world > 1 else None
     steps = ring_steps(ring.rank, ring.world, n, causal, layout)
-    kv, spare, arriving = (k, v), None, None
-    for s, step in enumerate(steps):
-        pending = None
-        if s + 1 < ring.world:
-            spare = spare or (xp.empty_like(k), xp.empty_like(v))
-            pending = ring.exchange(kv, spare)
+    arriving = None
+    for step, kv in zip(steps, _chunks_in_hand(ring, k, v)):
         if step is not None:
             qr, kr = step.q_rows, step.kv_rows
             lse_rows = xp.ascontiguousarray(lse[:, :, qr])
@@ -196,9 +201,6 @@ def _ring_backward(ring, attend_backward, dout, q, k, v, out, lse, causal: bool,
         if ring.world > 1:  # pass the sums on with the chunk (the last exchange brings
             arriving = ring.exchange(dkv, dkv_spare)  # this rank's own home)
             dkv, dkv_spare = dkv_spare, dkv
-        if pending is not None:
-            ring.wait(pending)
-            kv, spare = spare, (kv if kv[0] is not k else None)
     if arriving is not None:
         ring.wait(arriving)
     return dq.astype(q.dtype), dkv[0].astype(k.dtype), dkv[1].astype(v.dtype)

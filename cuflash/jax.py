@@ -131,7 +131,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     slopes = None
     if alibi_slopes is not None:
         slopes = jnp.broadcast_to(alibi_slopes, (batch, q.shape[1]))
-    out, lse = _attention_varlen_jit(opts, q, k, v, slopes, cus[0], cus[1])
+    out, lse = _attention_jit(opts, q, k, v, slopes, cus[0], cus[1])
     return (out, lse) if return_lse else out
 
 
@@ -168,48 +168,17 @@ def flash_attention_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=Non
                                           for x in (q, k_cache, v_cache, k, v)), paged)
     batch, seqlen_q, nheads, d = q.shape
     # the block table and the cached lengths: host values checked here, traced ones trusted
-    table = block_table
-    if paged and not isinstance(block_table, jax.Array):
-        host = np.asarray(block_table)
-        if host.ndim != 2 or host.shape[0] != batch or not np.issubdtype(host.dtype,
-                                                                          np.integer):
-            raise ValueError(f"block_table must be integers (batch={batch}, pages per entry), "
-                             f"got {host.dtype} {host.shape}")
-        table = jnp.asarray(host, jnp.int32)
-    elif paged and (block_table.dtype != jnp.int32 or block_table.ndim != 2
-                    or block_table.shape[0] != batch):
-        raise ValueError(f"block_table must be a C-contiguous int32 array (batch={batch}, "
-                         f"pages per entry), got {block_table.dtype} {tuple(block_table.shape)}")
-    if paged and k_cache.shape[1] == 0:
-        raise ValueError("a paged cache's pages must hold at least one key (k_cache "
-                         "(num_pages, page_size, heads_k, d) with page_size 0)")
-    capacity = k_cache.shape[1] * table.shape[1] if paged else k_cache.shape[1]
-    if isinstance(cache_seqlens, jax.Array):
-        if cache_seqlens.dtype != jnp.int32 or cache_seqlens.shape != (batch,):
-            raise ValueError(f"cache_seqlens must be a contiguous int32 array ({batch},), got "
-                             f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
-        lens = cache_seqlens
-        if paged and not isinstance(block_table, jax.Array):  # every page the table names
-            host = np.asarray(block_table)
-            if host.size and (host.min() < 0 or host.max() >= k_cache.shape[0]):
-                raise ValueError(f"block_table names pages outside 0..{k_cache.shape[0] - 1} "
-                                 "(with cache_seqlens on the GPU every entry is checked)")
-    else:
-        host_table = None if not paged or isinstance(block_table, jax.Array) \
-            else np.asarray(block_table)
-        lens = jnp.asarray(reference.check_kvcache(_Meta(k_cache), cache_seqlens, seqlen_new,
-                                                   batch, host_table, capacity), jnp.int32)
-    if not isinstance(num_splits, (int, np.integer)) or isinstance(num_splits, bool) or \
-            num_splits < 0:
-        raise ValueError(f"num_splits must be an int >= 0 (0: chosen), got {num_splits!r}")
+    # (forward_kvcache's own checks, with JAX arrays in the role of its device arrays)
+    traced = lambda x: isinstance(x, jax.Array)  # noqa: E731  (tracers too)
+    table_host, lens_host, capacity = _kvcache._check_lengths_and_table(
+        _Meta(k_cache), cache_seqlens, block_table, seqlen_new, batch, traced)
+    table = block_table if table_host is None else jnp.asarray(table_host, jnp.int32)
+    lens = cache_seqlens if lens_host is None else jnp.asarray(lens_host, jnp.int32)
+    _kvcache._check_num_splits(num_splits)
     causal = _api._check_flag("causal", causal)
     scale = _api._softmax_scale(softmax_scale, d)
-    if alibi_slopes is not None and not hasattr(alibi_slopes, "shape"):
-        raise TypeError(f"alibi_slopes must be a JAX array, got "
-                        f"{type(alibi_slopes).__qualname__}")
-    _api._call_features(None, causal, window_size, softcap,
-                        None if alibi_slopes is None else _Meta(alibi_slopes), _Meta(q), batch,
-                        seqlen_q, capacity, d, scale)
+    _api._call_features(None, causal, window_size, softcap, _slopes_meta(alibi_slopes),
+                        _Meta(q), batch, seqlen_q, capacity, d, scale)
     opts = _Options(causal, scale, tuple(int(w) for w in window_size), float(softcap), False,
                     np.dtype(q.dtype).name, "fa2", decode=int(num_splits))
     slopes = None if alibi_slopes is None else \
@@ -277,6 +246,16 @@ class _Meta:
         self.strides = tuple(reversed(strides))
 
 
+def _slopes_meta(alibi_slopes):
+    """alibi_slopes' metadata for the CuPy API's checks (None: no ALiBi)."""
+    if alibi_slopes is None:
+        return None
+    if not hasattr(alibi_slopes, "shape"):
+        raise TypeError(f"alibi_slopes must be a JAX array, got "
+                        f"{type(alibi_slopes).__qualname__}")
+    return _Meta(alibi_slopes)
+
+
 def _options(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
              deterministic, algorithm, batch=None, seqlens=None) -> _Options:
     """The checks of cuflash.forward on metadata. batch, seqlens: a packed batch's entries and
@@ -293,51 +272,47 @@ def _options(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
     if seqlens is not None:
         seqlen_q, seqlen_k = seqlens
     scale = _api._softmax_scale(softmax_scale, d)
-    if alibi_slopes is not None and not hasattr(alibi_slopes, "shape"):
-        raise TypeError(f"alibi_slopes must be a JAX array, got "
-                        f"{type(alibi_slopes).__qualname__}")
     # window, softcap, slopes and what algorithm="fa1" refuses: the CuPy API's own checks,
     # on metadata (cupy None)
-    _api._call_features(None, causal, window_size, softcap,
-                        None if alibi_slopes is None else _Meta(alibi_slopes), meta[0], batch,
-                        seqlen_q, seqlen_k, d, scale, algorithm)
+    _api._call_features(None, causal, window_size, softcap, _slopes_meta(alibi_slopes),
+                        meta[0], batch, seqlen_q, seqlen_k, d, scale, algorithm)
     return _Options(causal, scale, tuple(int(w) for w in window_size), float(softcap),
                     deterministic, np.dtype(q.dtype).name, algorithm)
 
 
-# --- the custom VJP --------------------------------------------------------------------------
+# --- the custom VJP (dense and packed batches alike) ---------------------------------------
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(opts, q, k, v, slopes):
-    return _forward_call(opts, q, k, v, slopes)
+def _attention(opts, q, k, v, slopes, cu_q=None, cu_k=None):
+    return _forward_call(opts, q, k, v, slopes, cu_q, cu_k)
 
 
-def _attention_fwd(opts, q, k, v, slopes):
+def _attention_fwd(opts, q, k, v, slopes, cu_q=None, cu_k=None):
     if slopes is not None and slopes.perturbed:
-        raise ValueError("cuflash.jax.flash_attention computes no gradient with respect to "
-                         "alibi_slopes: pass them through jax.lax.stop_gradient")
-    q, k, v = q.value, k.value, v.value
-    slopes = None if slopes is None else slopes.value
-    out, lse = _forward_call(opts, q, k, v, slopes)
-    return (out, lse), (q, k, v, slopes, out, lse)       # residuals: no N x N matrix
+        raise ValueError("cuflash.jax computes no gradient with respect to alibi_slopes: pass "
+                         "them through jax.lax.stop_gradient")
+    q, k, v, slopes, cu_q, cu_k = (None if x is None else x.value
+                                   for x in (q, k, v, slopes, cu_q, cu_k))
+    out, lse = _forward_call(opts, q, k, v, slopes, cu_q, cu_k)
+    return (out, lse), (q, k, v, slopes, cu_q, cu_k, out, lse)  # residuals: no N x N matrix
 
 
 def _attention_bwd(opts, residuals, cotangents):
-    q, k, v, slopes, out, lse = residuals
+    q, k, v, slopes, cu_q, cu_k, out, lse = residuals
     dout, dlse = cotangents
     if not isinstance(dlse, SymbolicZero):
-        raise ValueError("cuflash.jax.flash_attention's lse is not differentiable: a gradient "
-                         "flows into it (use the lse only outside differentiated code, or "
-                         "through jax.lax.stop_gradient)")
+        raise ValueError("cuflash.jax's lse is not differentiable: a gradient flows into it "
+                         "(use the lse only outside differentiated code, or through "
+                         "jax.lax.stop_gradient)")
     if isinstance(dout, SymbolicZero):
         dout = jnp.zeros(out.shape, out.dtype)
-    grads = _backward_call(opts, dout, q, k, v, out, lse, slopes)
+    grads = _backward_call(opts, dout, q, k, v, out, lse, slopes, cu_q, cu_k)
     # Inside shard_map, an input the shards share (K, V replicated while Q is split) gets the
     # sum of the shards' parts of its gradient.
     dq, dk, dv = (g if not _varying(g) - _varying(x) else
                   jax.lax.psum(g, tuple(sorted(_varying(g) - _varying(x))))
                   for g, x in zip(grads, (q, k, v)))
-    return dq, dk, dv, None
+    return dq, dk, dv, None, None, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
@@ -345,45 +320,6 @@ _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 # its branch of platform_dependent chosen, by the arrays' device (eagerly, platform_dependent
 # would follow JAX's default device instead).
 _attention_jit = jax.jit(_attention, static_argnums=0)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention_varlen(opts, q, k, v, slopes, cu_q, cu_k):
-    return _forward_varlen_call(opts, q, k, v, slopes, cu_q, cu_k)
-
-
-def _attention_varlen_fwd(opts, q, k, v, slopes, cu_q, cu_k):
-    if slopes is not None and slopes.perturbed:
-        raise ValueError("cuflash.jax.flash_attention_varlen computes no gradient with respect "
-                         "to alibi_slopes: pass them through jax.lax.stop_gradient")
-    q, k, v, cu_q, cu_k = (x.value for x in (q, k, v, cu_q, cu_k))
-    slopes = None if slopes is None else slopes.value
-    out, lse = _forward_varlen_call(opts, q, k, v, slopes, cu_q, cu_k)
-    return (out, lse), (q, k, v, slopes, cu_q, cu_k, out, lse)
-
-
-def _attention_varlen_bwd(opts, residuals, cotangents):
-    q, k, v, slopes, cu_q, cu_k, out, lse = residuals
-    dout, dlse = cotangents
-    if not isinstance(dlse, SymbolicZero):
-        raise ValueError("cuflash.jax.flash_attention_varlen's lse is not differentiable: a "
-                         "gradient flows into it")
-    if isinstance(dout, SymbolicZero):
-        dout = jnp.zeros(out.shape, out.dtype)
-    shapes = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
-    dq, dk, dv = _platform_call(opts, "backward_varlen", shapes, dout, q, k, v, out, lse, slopes,
-                                cu_q, cu_k)
-    return dq, dk, dv, None, None, None
-
-
-_attention_varlen.defvjp(_attention_varlen_fwd, _attention_varlen_bwd, symbolic_zeros=True)
-_attention_varlen_jit = jax.jit(_attention_varlen, static_argnums=0)
-
-
-def _forward_varlen_call(opts, q, k, v, slopes, cu_q, cu_k):
-    shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
-              jax.ShapeDtypeStruct((q.shape[1], q.shape[0]), jnp.float32))
-    return _platform_call(opts, "forward_varlen", shapes, q, k, v, slopes, cu_q, cu_k)
 
 
 def _varying(x) -> frozenset:
@@ -409,13 +345,18 @@ def _varying_like(outputs, *inputs) -> tuple:
     return tuple(out)
 
 
-def _forward_call(opts, q, k, v, slopes):
-    """(out, lse) from one buffer callback: cuflash's kernels on CUDA, the reference on CPU."""
-    batch, seqlen_q, nheads, _ = q.shape
+def _forward_call(opts, q, k, v, slopes, cu_q=None, cu_k=None):
+    """(out, lse) from one buffer callback: cuflash's kernels on CUDA, the reference on CPU.
+    A packed batch (opts.packed; cu_q, cu_k its cu_seqlens) has lse (heads, total_q)."""
+    if opts.packed:
+        lse_shape = (q.shape[1], q.shape[0])
+        args = (q, k, v, slopes, cu_q, cu_k)
+    else:
+        lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+        args = (q, k, v, slopes)
     shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
-              jax.ShapeDtypeStruct((batch, nheads, seqlen_q), jnp.float32))
-    return _varying_like(_platform_call(opts, "forward", shapes, q, k, v, slopes), q, k, v,
-                         slopes)
+              jax.ShapeDtypeStruct(lse_shape, jnp.float32))
+    return _varying_like(_platform_call(opts, "forward", shapes, *args), q, k, v, slopes)
 
 
 def _platform_call(opts, which: str, shapes: tuple, *args):
@@ -425,8 +366,11 @@ def _platform_call(opts, which: str, shapes: tuple, *args):
         cpu=lambda *a: _callback(opts, which, "cpu", shapes)(*a))
 
 
-def _backward_call(opts, dout, q, k, v, out, lse, slopes):
+def _backward_call(opts, dout, q, k, v, out, lse, slopes, cu_q=None, cu_k=None):
     shapes = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
+    if opts.packed:  # (backward_varlen allocates its own scratch)
+        return _platform_call(opts, "backward", shapes, dout, q, k, v, out, lse, slopes, cu_q,
+                              cu_k)
     # On CUDA the callback also writes a scratch buffer that XLA allocates (D, the dQ sums,
     # ...: _api._backward_scratch): nothing is allocated inside the callback.
     scratch = (jax.ShapeDtypeStruct((_scratch_bytes(opts, q, k, slopes),), jnp.uint8),)
@@ -453,11 +397,12 @@ def _callback(opts: _Options, which: str, platform: str, shapes: tuple):
     gives the same primitive, and jit's caches see equal computations. vmap folds its axes
     into the batch (broadcast_all: every input gets them, the callback reshapes)."""
     run = {("forward", "cuda"): _gpu_forward, ("backward", "cuda"): _gpu_backward,
-           ("forward", "cpu"): _cpu_forward, ("backward", "cpu"): _cpu_backward,
-           ("forward_varlen", "cuda"): _gpu_forward_varlen,
-           ("backward_varlen", "cuda"): _gpu_backward_varlen,
-           ("forward_varlen", "cpu"): _cpu_forward_varlen,
-           ("backward_varlen", "cpu"): _cpu_backward_varlen}
+           ("forward", "cpu"): _cpu_forward, ("backward", "cpu"): _cpu_backward}
+    if opts.packed:
+        run = {("forward", "cuda"): _gpu_forward_varlen,
+               ("backward", "cuda"): _gpu_backward_varlen,
+               ("forward", "cpu"): _cpu_forward_varlen,
+               ("backward", "cpu"): _cpu_backward_varlen}
     return buffer_callback(functools.partial(run[which, platform], opts), shapes,
                            vmap_method=None if opts.packed else "broadcast_all",
                            command_buffer_compatible=opts.command_buffer and platform == "cuda")
@@ -525,87 +470,71 @@ def _features(opts: _Options) -> dict:
                 softcap=opts.softcap)
 
 
-def _gpu_forward(opts, ctx, outputs, q, k, v, slopes):
-    cupy = _api._cupy()
+def _on_xla_stream(body):
+    """A CUDA buffer callback from its body, body(opts, view, outputs, *inputs): run with
+    XLA's stream current on the buffers' GPU (not at all where every output is empty: nothing
+    to compute or write); view(buffer, dtype=opts.dtype, tail=4) is _view on that GPU."""
+    @functools.wraps(body)
+    def callback(opts, ctx, outputs, *inputs):
+        cupy = _api._cupy()
+        hit = _stream(cupy, ctx.stream, outputs)
+        if hit is None:
+            return
+        stream, device = hit
+
+        def view(buf, dtype=opts.dtype, tail=4):
+            return _view(cupy, buf, dtype, tail, device)
+        with _api._on_device(cupy, device), stream:
+            body(opts, view, outputs, *inputs)
+    return callback
+
+
+@_on_xla_stream
+def _gpu_forward(opts, view, outputs, q, k, v, slopes):
     out, lse = outputs
-    hit = _stream(cupy, ctx.stream, (out, lse))
-    if hit is None:
-        return
-    stream, device = hit
-    with _api._on_device(cupy, device), stream:
-        Q, K, V, O = (_view(cupy, x, opts.dtype, 4, device) for x in (q, k, v, out))
-        _api.forward(Q, K, V, **_features(opts),
-                     alibi_slopes=_view(cupy, slopes, "float32", 2, device),
-                     out=O, lse=_view(cupy, lse, "float32", 3, device),
-                     algorithm=opts.algorithm)
+    _api.forward(view(q), view(k), view(v), **_features(opts),
+                 alibi_slopes=view(slopes, "float32", 2), out=view(out),
+                 lse=view(lse, "float32", 3), algorithm=opts.algorithm)
 
 
-def _gpu_backward(opts, ctx, outputs, dout, q, k, v, out, lse, slopes):
-    cupy = _api._cupy()
-    hit = _stream(cupy, ctx.stream, outputs[:3])
-    if hit is None:
-        return
-    stream, device = hit
-    with _api._on_device(cupy, device), stream:
-        dO, Q, K, V, O, dQ, dK, dV = (_view(cupy, x, opts.dtype, 4, device)
-                                      for x in (dout, q, k, v, out, *outputs[:3]))
-        # (backward()'s own body, with the scratch carved from XLA's buffer)
-        _api._backward(dO, Q, K, V, O, _view(cupy, lse, "float32", 3, device), opts.causal,
-                       opts.scale, opts.deterministic, dQ, dK, dV, None, opts.window_size,
-                       opts.softcap, _view(cupy, slopes, "float32", 2, device),
-                       scratch=_view(cupy, outputs[3], "uint8", 1, device))
+@_on_xla_stream
+def _gpu_backward(opts, view, outputs, dout, q, k, v, out, lse, slopes):
+    dq, dk, dv, scratch = outputs
+    # (backward()'s own body, with the scratch carved from XLA's buffer)
+    _api._backward(view(dout), view(q), view(k), view(v), view(out), view(lse, "float32", 3),
+                   opts.causal, opts.scale, opts.deterministic, view(dq), view(dk), view(dv),
+                   None, opts.window_size, opts.softcap, view(slopes, "float32", 2),
+                   scratch=view(scratch, "uint8", 1))
 
 
-def _gpu_forward_varlen(opts, ctx, outputs, q, k, v, slopes, cu_q, cu_k):
-    cupy = _api._cupy()
+@_on_xla_stream
+def _gpu_forward_varlen(opts, view, outputs, q, k, v, slopes, cu_q, cu_k):
     out, lse = outputs
-    hit = _stream(cupy, ctx.stream, (out, lse, cu_q))
-    if hit is None:
-        return
-    stream, device = hit
-    with _api._on_device(cupy, device), stream:
-        Q, K, V, O = (_view(cupy, x, opts.dtype, 3, device) for x in (q, k, v, out))
-        _api.forward_varlen(Q, K, V, _view(cupy, cu_q, "int32", 1, device),
-                            _view(cupy, cu_k, "int32", 1, device), *opts.packed,
-                            **_features(opts),
-                            alibi_slopes=_view(cupy, slopes, "float32", 2, device),
-                            out=O, lse=_view(cupy, lse, "float32", 2, device))
+    _api.forward_varlen(view(q, tail=3), view(k, tail=3), view(v, tail=3),
+                        view(cu_q, "int32", 1), view(cu_k, "int32", 1), *opts.packed,
+                        **_features(opts), alibi_slopes=view(slopes, "float32", 2),
+                        out=view(out, tail=3), lse=view(lse, "float32", 2))
 
 
-def _gpu_backward_varlen(opts, ctx, outputs, dout, q, k, v, out, lse, slopes, cu_q, cu_k):
-    cupy = _api._cupy()
-    hit = _stream(cupy, ctx.stream, (*outputs, cu_q))
-    if hit is None:
-        return
-    stream, device = hit
-    with _api._on_device(cupy, device), stream:
-        dO, Q, K, V, O, dQ, dK, dV = (_view(cupy, x, opts.dtype, 3, device)
-                                      for x in (dout, q, k, v, out, *outputs))
-        _api.backward_varlen(dO, Q, K, V, O, _view(cupy, lse, "float32", 2, device),
-                             _view(cupy, cu_q, "int32", 1, device),
-                             _view(cupy, cu_k, "int32", 1, device), *opts.packed,
-                             **_features(opts),
-                             alibi_slopes=_view(cupy, slopes, "float32", 2, device),
-                             deterministic=opts.deterministic, dq=dQ, dk=dK, dv=dV)
+@_on_xla_stream
+def _gpu_backward_varlen(opts, view, outputs, dout, q, k, v, out, lse, slopes, cu_q, cu_k):
+    dq, dk, dv = (view(x, tail=3) for x in outputs)
+    _api.backward_varlen(view(dout, tail=3), view(q, tail=3), view(k, tail=3),
+                         view(v, tail=3), view(out, tail=3), view(lse, "float32", 2),
+                         view(cu_q, "int32", 1), view(cu_k, "int32", 1), *opts.packed,
+                         **_features(opts), alibi_slopes=view(slopes, "float32", 2),
+                         deterministic=opts.deterministic, dq=dq, dk=dk, dv=dv)
 
 
-def _gpu_decode(opts, ctx, outputs, q, k_cache, v_cache, lens, k, v, table, slopes):
-    cupy = _api._cupy()
-    hit = _stream(cupy, ctx.stream, outputs)
-    if hit is None:
-        return
-    stream, device = hit
-    with _api._on_device(cupy, device), stream:
-        # with an append the caches are outputs aliased to the inputs (the same buffers)
-        caches = outputs[2:] if len(outputs) > 2 else (k_cache, v_cache)
-        Q, O, KC, VC = (_view(cupy, x, opts.dtype, 4, device)
-                        for x in (q, outputs[0], *caches))
-        K, V = (None if x is None else _view(cupy, x, opts.dtype, 4, device) for x in (k, v))
-        _kvcache.forward_kvcache(
-            Q, KC, VC, _view(cupy, lens, "int32", 1, device), k=K, v=V,
-            block_table=_view(cupy, table, "int32", 2, device), **_features(opts),
-            alibi_slopes=_view(cupy, slopes, "float32", 2, device), num_splits=opts.decode,
-            out=O, lse=_view(cupy, outputs[1], "float32", 3, device))
+@_on_xla_stream
+def _gpu_decode(opts, view, outputs, q, k_cache, v_cache, lens, k, v, table, slopes):
+    # with an append the caches are outputs aliased to the inputs (the same buffers)
+    k_cache, v_cache = outputs[2:] if len(outputs) > 2 else (k_cache, v_cache)
+    _kvcache.forward_kvcache(
+        view(q), view(k_cache), view(v_cache), view(lens, "int32", 1), k=view(k), v=view(v),
+        block_table=view(table, "int32", 2), **_features(opts),
+        alibi_slopes=view(slopes, "float32", 2), num_splits=opts.decode, out=view(outputs[0]),
+        lse=view(outputs[1], "float32", 3))
 
 
 # --- CPU: the float64 reference (tests, debugging) -----------------------------------------
