@@ -1,6 +1,8 @@
 """KV-cache decoding: cuflash.forward_kvcache (one query token per sequence against its cache)
-over issue 20's grid, contiguous and paged, against FlashAttention-2 and cuDNN through torch
-SDPA (contiguous caches, enable_gqa=True) where torch is installed, in one run with kernel
+over issue 20's grid, contiguous (batch, seqlen, heads_k, d) caches, the same over torch's
+(batch, heads_k, seqlen, d) memory (cuflash-bhnd) and paged caches, against FlashAttention-2
+and cuDNN through torch SDPA ((batch, heads_k, seqlen, d) caches, enable_gqa=True) where torch
+is installed, in one run with kernel
 timing (bench.py's median_ms: CUDA events around calls issued back to back, L2 flushed before
 each). Reported: GB/s of K and V read (every key of every cache, once per KV head) and that
 rate as a fraction of the HBM read bandwidth measured in the same run (a read-only kernel
@@ -8,11 +10,14 @@ streaming 4 GiB).
 
     python bench/decode_bench.py                                  # the full grid, d 128, bf16
     python bench/decode_bench.py --batches 16 --seqlens 32768 --json out.json
+    python bench/decode_bench.py --configs 32x4x3,16x4x3   # tile shapes (B_c x warps x stages)
+                                                           # side by side, as cuflash[32x4x3]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -58,6 +63,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pages", default="16,256", help="paged layouts to run besides contiguous")
     ap.add_argument("--providers", default="torch-flash,torch-cudnn")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--configs", default="",
+                    help="decode tiles to run besides the planner's, B_cxWARPSxSTAGES "
+                         "(comma-separated), on every cuflash layout")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
@@ -67,8 +75,13 @@ def main(argv=None) -> int:
     import ml_dtypes
 
     import cuflash
+    from cuflash import _plan
     dt = ml_dtypes.bfloat16 if args.dtype == "bf16" else np.float16
     h, hk, d = args.heads, args.kv_heads, args.headdim
+    configs = {"": None}  # (the planner's tile, through the public API)
+    for c in filter(None, args.configs.split(",")):
+        B_c, warps, stages = (int(x) for x in c.split("x"))
+        configs[f"[{c}]"] = _plan.DecodeConfig(_plan.head_dim_bucket(d), B_c, warps, stages)
     peak = hbm_read_gbs(cp)
     print(f"HBM read bandwidth measured: {peak:.0f} GB/s", flush=True)
     rows = []
@@ -79,21 +92,24 @@ def main(argv=None) -> int:
                 print(f"batch {batch} n {n}: skipped (K and V need {kv_bytes / 2**30:.0f} GiB)")
                 continue
             # one layout at a time (each its own copy of the caches, freed after)
-            for name in ["cuflash"] + [f"cuflash-paged{x}" for x in args.pages.split(",") if x] \
+            for name in ["cuflash", "cuflash-bhnd"] \
+                    + [f"cuflash-paged{x}" for x in args.pages.split(",") if x] \
                     + [x for x in args.providers.split(",") if x.startswith("torch-")]:
                 try:
                     fn = _layout(cp, cuflash, name, batch, h, hk, n, d, dt, args.dtype)
                 except Exception as e:  # (torch missing, or the backend refuses the shape)
                     print(f"  {name}: skipped ({type(e).__name__}: {e})", flush=True)
                     continue
-                fn()
-                ms = bench.median_ms(cp, fn, 3, args.reps)
-                gbs = kv_bytes / ms / 1e6
-                rows.append(dict(provider=name, batch=batch, seqlen_k=n, heads=h, heads_k=hk,
-                                 headdim=d, dtype=args.dtype, ms=ms, kv_gbs=gbs,
-                                 of_hbm=gbs / peak))
-                print(f"batch {batch:3d} n {n:6d} {name:18} {ms:8.3f} ms  {gbs:7.0f} GB/s  "
-                      f"{gbs / peak:5.2f} of HBM", flush=True)
+                for tag, cfg in (configs if name.startswith("cuflash") else {"": None}).items():
+                    call = fn if cfg is None else functools.partial(fn, config=cfg)
+                    call()
+                    ms = bench.median_ms(cp, call, 3, args.reps)
+                    gbs = kv_bytes / ms / 1e6
+                    rows.append(dict(provider=name + tag, batch=batch, seqlen_k=n, heads=h,
+                                     heads_k=hk, headdim=d, dtype=args.dtype, ms=ms,
+                                     kv_gbs=gbs, of_hbm=gbs / peak))
+                    print(f"batch {batch:3d} n {n:6d} {name + tag:28} {ms:8.3f} ms  "
+                          f"{gbs:7.0f} GB/s  {gbs / peak:5.2f} of HBM", flush=True)
                 del fn
                 cp.get_default_memory_pool().free_all_blocks()
                 if name.startswith("torch-"):
@@ -114,15 +130,20 @@ def _randn(cp, shape, dt):
 
 
 def _layout(cp, cuflash, name, batch, h, hk, n, d, dt, dtype_name):
-    """A call of provider `name` on fresh random inputs: cuflash on a contiguous cache, or
-    paged (cuflash-pagedN: pages of N keys in shuffled order), or torch SDPA."""
+    """A call of provider `name` on fresh random inputs: cuflash on a contiguous cache
+    (batch, seqlen, heads_k, d), or the same shape over (batch, heads_k, seqlen, d) memory
+    (cuflash-bhnd, the torch rows' layout), or paged (cuflash-pagedN: pages of N keys in
+    shuffled order), or torch SDPA."""
     if name.startswith("torch-"):
         return _torch_decode(name, batch, h, hk, n, d, dtype_name)
     q = _randn(cp, (batch, 1, h, d), dt)
     lens = cp.full((batch,), n, dtype=cp.int32)
-    kc, vc = (_randn(cp, (batch, n, hk, d), dt) for _ in range(2))
-    if name == "cuflash":
-        return lambda kc=kc, vc=vc: cuflash.forward_kvcache(q, kc, vc, lens)
+    if name == "cuflash-bhnd":  # each KV head's keys one contiguous run, as the torch rows'
+        kc, vc = (_randn(cp, (batch, hk, n, d), dt).transpose(0, 2, 1, 3) for _ in range(2))
+    else:
+        kc, vc = (_randn(cp, (batch, n, hk, d), dt) for _ in range(2))
+    if name in ("cuflash", "cuflash-bhnd"):
+        return lambda config=None: _call(cuflash, q, kc, vc, lens, None, config)
     page = int(name[len("cuflash-paged"):])
     per = -(-n // page)
     order = cp.asarray(np.random.default_rng(0).permutation(batch * per).astype(np.int32))
@@ -133,7 +154,16 @@ def _layout(cp, cuflash, name, batch, h, hk, n, d, dt, dtype_name):
             padded[:n] = src[b]
             dst[order[b * per:(b + 1) * per]] = padded.reshape(per, page, hk, d)
     table = order.reshape(batch, per)
-    return lambda: cuflash.forward_kvcache(q, kp, vp, lens, block_table=table)
+    return lambda config=None: _call(cuflash, q, kp, vp, lens, table, config)
+
+
+def _call(cuflash, q, kc, vc, lens, table, config):
+    """forward_kvcache, or with an explicit tile (_kvcache._forward_kvcache: the tiles' hook)."""
+    if config is None:
+        return cuflash.forward_kvcache(q, kc, vc, lens, block_table=table)
+    from cuflash import _kvcache
+    return _kvcache._forward_kvcache(q, kc, vc, lens, None, None, table, False, None, (-1, -1),
+                                     0.0, None, 0, False, config)
 
 
 def _torch_decode(provider, batch, h, hk, n, d, dtype_name):

@@ -71,7 +71,8 @@ for step in $steps; do
       python3 -m cuflash.demo 2>&1 | tee "$OUT/demo.log"
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     decode)  # issue 20: KV-cache decoding against FA2 and cuDNN (torch), kernel timing
-      python3 bench/decode_bench.py --json "$OUT/decode_bench.json" 2>&1 \
+             # (DECODE_ARGS: more options, e.g. "--configs 16x4x3,32x4x2" to sweep tiles)
+      python3 bench/decode_bench.py ${DECODE_ARGS:-} --json "$OUT/decode_bench.json" 2>&1 \
         | tee "$OUT/decode_bench.log"
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     varlen)  # issue 19: a packed batch of 64..8192-token sequences against the padded batch
@@ -81,7 +82,8 @@ for step in $steps; do
         [ "${PIPESTATUS[0]}" = 0 ] || status=1
       done ;;
     jax)  # issue 21: cuflash.jax inside jit against JAX's cuDNN and XLA attention (d 128)
-      python3 bench/jax_bench.py --json "$OUT/jax_bench.json" 2>&1 | tee "$OUT/jax_bench.log"
+      python3 bench/jax_bench.py ${JAX_ARGS:-} --json "$OUT/jax_bench.json" 2>&1 \
+        | tee "$OUT/jax_bench.log"
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     ring)  # issue 22 (2+ GPUs): the distributed tests, then ring attention on 1 and 2 GPUs
       python3 -m pytest -rfEs -q -p no:cacheprovider tests/test_distributed_gpu.py 2>&1 \

@@ -20,8 +20,11 @@ callback's overhead of that kernel time.
 Overhead per call (the "floor" rows; --no-floor skips them): at a tiny shape where the
 kernels take a few microseconds, the wall time of one call until its result is ready, from an
 idle GPU, median of 200: cuflash inside jit, an empty buffer callback inside jit (JAX's own
-dispatch and callback cost), jax-cudnn inside jit, and cuflash.forward called from CuPy (its
-own host time plus the kernel). The callback's overhead is cuflash-in-jit minus cuflash-from-CuPy.
+dispatch and callback cost), the same with the forward's five buffers (empty-callback-5),
+a callback doing cuflash.jax's plumbing only (XLA's stream made current, a CuPy view of each
+buffer: callback-plumbing), jax-cudnn inside jit, cuflash.forward called from CuPy (its own
+host time plus the kernel) and the same call's host time alone (cuflash-host-only). The
+callback's overhead is cuflash-in-jit minus cuflash-from-CuPy.
 
 Shapes follow the standard grid (shared/guides/benchmarking.md): batch * seqlen = 16384
 tokens, heads * d = 2048, bf16. FLOPs: forward 4 b h n^2 d, halved when causal; fwd+bwd 3.5x
@@ -133,20 +136,49 @@ def floor_rows(jax, jnp, cp, d: int) -> list:
                for kk in jax.random.split(key, 3))
     empty = jax.jit(buffer_callback(lambda ctx, out, q: None,
                                     jax.ShapeDtypeStruct(shape, jnp.bfloat16)))
+    # the forward's buffers (q, k, v in; out, lse out), as cuflash's callback has them
+    outs = (jax.ShapeDtypeStruct(shape, jnp.bfloat16),
+            jax.ShapeDtypeStruct((1, 1, 128), jnp.float32))
+    empty5 = jax.jit(buffer_callback(lambda ctx, out, q, k, v: None, outs))
+    views = jax.jit(buffer_callback(_plumbing, outs))
     fns = providers(jax, jnp, False, "fwd")
     rows = []
     for name, fn, args in (("cuflash", fns["cuflash"], (q, k, v, q)),
                            ("cuflash-cb", fns["cuflash-cb"], (q, k, v, q)),
                            ("empty-callback", lambda q, k, v, d: empty(q), (q, k, v, q)),
+                           ("empty-callback-5", lambda q, k, v, d: empty5(q, k, v), (q, k, v, q)),
+                           ("callback-plumbing", lambda q, k, v, d: views(q, k, v), (q, k, v, q)),
                            ("jax-cudnn", fns["jax-cudnn"], (q, k, v, q))):
-        rows.append({"floor": name, "shape": shape, "us": idle_us(jax.block_until_ready,
-                                                                  fn, args)})
+        try:
+            us = idle_us(jax.block_until_ready, fn, args)
+        except Exception as e:  # (one row failing leaves the others)
+            rows.append({"floor": name, "shape": shape, "error": f"{type(e).__name__}: {e}"})
+            continue
+        rows.append({"floor": name, "shape": shape, "us": us})
     Q, K, V = (cp.asarray(np.asarray(x.astype(jnp.float32))).astype(q.dtype)
                for x in (q, k, v))
     rows.append({"floor": "cuflash-from-cupy", "shape": shape,
                  "us": idle_us(lambda r: cp.cuda.Device().synchronize(),
                                lambda: cuflash.forward(Q, K, V), ())})
+    rows.append({"floor": "cuflash-host-only", "shape": shape,  # (the call, not the kernel)
+                 "us": idle_us(lambda r: None, lambda: cuflash.forward(Q, K, V), ())})
+    cp.cuda.Device().synchronize()
     return rows
+
+
+def _plumbing(ctx, outputs, q, k, v):
+    """What cuflash.jax's forward callback does besides calling cuflash.forward: XLA's stream
+    made current on the buffers' GPU, a CuPy view of each buffer (the floor's
+    callback-plumbing row)."""
+    from cuflash import _api
+    from cuflash import jax as cjax
+
+    cupy = _api._cupy()
+    stream, device = cjax._stream(cupy, ctx.stream, outputs)
+    with _api._on_device(cupy, device), stream:
+        for buf, dtype, tail in ((q, "bfloat16", 4), (k, "bfloat16", 4), (v, "bfloat16", 4),
+                                 (outputs[0], "bfloat16", 4), (outputs[1], "float32", 3)):
+            cjax._view(cupy, buf, dtype, tail, device)
 
 
 def main(argv=None) -> int:
@@ -215,8 +247,8 @@ def main(argv=None) -> int:
     if not args.no_floor:
         for r in floor_rows(jax, jnp, cp, d):
             rows.append(r)
-            print(f"floor {r['floor']:18s} {r['us']:7.1f} us per call (idle GPU, {r['shape']})",
-                  flush=True)
+            cell = f"{r['us']:7.1f} us per call" if "us" in r else f"failed ({r['error']})"
+            print(f"floor {r['floor']:18s} {cell} (idle GPU, {r['shape']})", flush=True)
     if args.json:
         script_results(args.json, cp, rows, jax=jax.__version__, cuflash=cuflash.__version__)
     return 0

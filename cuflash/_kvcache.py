@@ -239,7 +239,8 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
         if num_splits == 0:
             longest = capacity if lens_host is None else int(np.max(lens_host)) + seqlen_new
             sms = int(_api._device_properties(cupy, device_id)["multiProcessorCount"])
-            num_splits = _registry.decode_num_splits(batch, units, row_tiles, longest, sms,
+            slots = sms * cfg.blocks_per_sm(_api._max_smem(cupy, device_id))
+            num_splits = _registry.decode_num_splits(batch, units, row_tiles, longest, slots,
                                                      cfg.B_c)
         partial = {}
         if num_splits > 1:

@@ -369,6 +369,14 @@ class DecodeConfig:
     def tile_asserts(self) -> list[str]:
         return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}"]
 
+    def blocks_per_sm(self, max_smem_bytes: int) -> int:
+        """Thread blocks of this tile one SM holds: by shared memory (an SM has the per-block
+        limit plus the 1 KB reserved per block, on sm_80 to sm_90) and by registers at the
+        most ptxas may give a thread under __launch_bounds__(threads, 1) (255, allocated as
+        256, of 65536)."""
+        by_smem = (max_smem_bytes + 1024) // (self.smem_bytes + 1024)
+        return max(1, min(by_smem, 65536 // (self.threads * 256)))
+
 
 DECODE_FILE = "fa2_decode.cu"
 

@@ -280,11 +280,12 @@ def decode_combine_grid(rows: int) -> tuple:
     return ((rows + 3) // 4, 1, 1)
 
 
-def decode_num_splits(batch: int, units: int, row_tiles: int, seqlen_k: int, sms: int,
+def decode_num_splits(batch: int, units: int, row_tiles: int, seqlen_k: int, slots: int,
                       B_c: int) -> int:
-    """num_splits=0's choice (cuflash/reference.py num_splits_for: fill the GPU's SMs)."""
+    """num_splits=0's choice (cuflash/reference.py num_splits_for: fill the GPU's SMs; slots:
+    the SMs times the tile's thread blocks per SM)."""
     from . import reference
-    return reference.num_splits_for(batch, units, row_tiles, seqlen_k, sms, B_c)
+    return reference.num_splits_for(batch, units, row_tiles, seqlen_k, slots, B_c)
 
 
 FA2_DECODE = Variant(

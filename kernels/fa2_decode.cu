@@ -141,11 +141,36 @@ fa2_decode(const DecodeParams p) {
     const CacheRows rows_v(p, p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, batch, head_k);
     elem_t* my_kv = sKV + warp * STAGES * 2 * Tile::KV_ELEMS;
     // K_j, V_j of this warp's t-th block: HBM -> buffer t % STAGES (cp.async by this warp's
-    // lanes, zero-filled past the entry's keys and past d; the caller commits).
+    // lanes, zero-filled past the entry's keys and past d; the caller commits). In segments of
+    // SEG keys: a segment is a run of rows at one stride (a contiguous cache, or a page that
+    // holds whole segments: page_size % SEG == 0, as vLLM's 16 and up), so one row address
+    // per segment, then load_tile_async's bumped pointers and immediate offsets. Other page
+    // sizes, and head-dim buckets whose rows the warp does not cover in whole rows per copy
+    // (96, 160, 192, 224: 32 % (HD / 8) != 0; the unrolled segments spill there), go row by
+    // row through the block table, an address per 16-byte copy.
+    constexpr int SEG = 16;
+    const bool by_segment =
+        (32 % NC == 0) && (rows_k.table == nullptr || p.page_size % SEG == 0);
     auto load_kv = [&](int t) {
         const int col0 = (begin + warp + t * NWARPS) * B_c;
         elem_t* sk = my_kv + (t % STAGES) * 2 * Tile::KV_ELEMS;
         elem_t* sv = sk + Tile::KV_ELEMS;
+        if constexpr (32 % NC == 0) {
+            if (by_segment) {
+#pragma unroll
+                for (int sg = 0; sg < B_c / SEG; ++sg) {
+                    const int key0 = col0 + sg * SEG, rows_valid = seqlen_k - key0;
+                    const bool any = rows_valid > 0;
+                    load_tile_async<SEG, HD, 32, false>(sk + sg * SEG * HD,
+                                                        any ? rows_k.row(key0) : p.k,
+                                                        rows_k.stride_s, rows_valid, chunks, lane);
+                    load_tile_async<SEG, HD, 32, false>(sv + sg * SEG * HD,
+                                                        any ? rows_v.row(key0) : p.v,
+                                                        rows_v.stride_s, rows_valid, chunks, lane);
+                }
+                return;
+            }
+        }
 #pragma unroll 4
         for (int i = lane; i < B_c * NC; i += 32) {
             const int r = i / NC, c = i % NC, key = col0 + r;

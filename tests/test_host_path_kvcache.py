@@ -49,6 +49,24 @@ def test_gqa_decode_splits_and_combines(launches):
     assert cp_ == p and lse.shape == (3, 32, 1) and out.shape == q.shape
 
 
+def test_split_choice_counts_the_tiles_an_sm_holds(launches):
+    """num_splits=0 fills SMs x thread blocks per SM: a tile of which two fit an SM (by shared
+    memory and by 255 registers a thread) gets the splits of a GPU with twice the SMs."""
+    big = _plan.decode_config(128, 227 * 1024)
+    small = _plan.DecodeConfig(128, 16, 4, 3)
+    assert big.blocks_per_sm(227 * 1024) == 1 and small.blocks_per_sm(227 * 1024) == 2
+    assert _plan.DecodeConfig(128, 16, 8, 3).blocks_per_sm(227 * 1024) == 1  # (registers)
+    q, kc, vc = _arrays(1, 1, 32, 8, 128, 8192)
+    for cfg, slots in ((big, 132), (small, 264)):
+        launches.clear()
+        _kvcache._forward_kvcache(q, kc, vc, [8000], None, None, None, False, None, (-1, -1),
+                                  0.0, None, 0, False, cfg)
+        splits = reference.num_splits_for(1, 8, 1, 8000, slots, cfg.B_c)
+        assert launches[0][1] == (splits, 8, 1)
+    assert reference.num_splits_for(1, 8, 1, 8000, 264, 16) > \
+        reference.num_splits_for(1, 8, 1, 8000, 132, 16)
+
+
 def test_paged_append_one_split(launches):
     """Paged cache with new keys: the append first (a block per new key, KV head and entry),
     then the attention; one split writes O and L directly (no combine)."""

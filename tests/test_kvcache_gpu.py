@@ -86,12 +86,12 @@ def run_decode(lens, h, hk, d, dt, seqlen_q=1, seqlen_new=0, causal=False, page=
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("h, hk", [(8, 8), (32, 8), (8, 1)])
-@pytest.mark.parametrize("d", [64, 128, 40, 256])
+@pytest.mark.parametrize("d", [64, 128, 40, 256, 96])
 def test_decode_contiguous(dtype, h, hk, d):
     run_decode([1, 77, 1000, 4097], h, hk, d, DTYPES[dtype])
 
 
-@pytest.mark.parametrize("page", [16, 256])
+@pytest.mark.parametrize("page", [16, 24, 48, 256])
 @pytest.mark.parametrize("h, hk", [(32, 8), (4, 4)])
 def test_decode_paged(page, h, hk):
     run_decode([3, 517, 2049], h, hk, 128, DTYPES["bf16"], page=page)
