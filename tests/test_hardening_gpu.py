@@ -242,6 +242,7 @@ def test_unusable_cache_dir_falls_back_to_memory(monkeypatch):
         m.setattr(_loader, "_cache", {})
         m.setattr(_loader, "_disk_cache_failed", False)
         m.setattr(_api, "_forward_launches", {})
+        m.setattr(_api, "_repeats", {})  # (no launch remembered from an earlier test either)
         with pytest.warns(RuntimeWarning, match="kernel cache directory cannot be used"):
             out, lse = cuflash.forward(q, k, v, causal=True)
         with warnings.catch_warnings():

@@ -6,6 +6,7 @@ struct, grids and launches. Every launch must pack its struct in full (a field t
 is a TypeError from the generated packer) with the planned tile, grid and shared memory, and
 the pointers must be the arrays' own."""
 
+import contextlib
 import struct
 import types
 
@@ -150,7 +151,8 @@ def fake(monkeypatch):
     monkeypatch.setattr(_api, "_cupy", lambda: cp)
     monkeypatch.setattr(_loader, "get_kernel", lambda f, name, options=(): FakeKernel(name))
     monkeypatch.setattr(_loader, "Launcher", Launcher)
-    for cache in ("_forward_launches", "_backward_launches", "_fa1_launches", "_sm90_grids"):
+    for cache in ("_forward_launches", "_backward_launches", "_fa1_launches", "_sm90_grids",
+                  "_repeats"):
         monkeypatch.setattr(_api, cache, {})
     monkeypatch.setattr(_tma, "_cache", {})
     monkeypatch.setattr(_api, "_properties", {})
@@ -217,6 +219,89 @@ def test_sm90_forward_packs_tensor_maps_and_fields(fake, monkeypatch, causal, d)
                          64, rows, 1, 1, 0), field
     assert (p["q"], p["o"], p["lse"]) == (q.data.ptr, out.data.ptr, lse.data.ptr)
     assert (p["seqlen_q"], p["seqlen_k"], p["d"], p["group"]) == (333, 700, d, 4)
+
+
+def _encode_pointer(addr, dtype, rank, ptr, dims, strides, box, elem, *modes):
+    """A stand-in tensor map encoder: the map's bytes name its address and sizes."""
+    import ctypes
+    data = struct.pack("<4q", dtype, ptr, dims[0], box[1])
+    ctypes.memmove(addr, data, len(data))
+    return 0
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("options", [{}, {"causal": True, "window_size": (50, 0),
+                                          "softcap": 5.0, "softmax_scale": 0.1}])
+def test_repeated_forward_packs_what_the_full_path_packs(fake, monkeypatch, portable,
+                                                         options):
+    """A call with the signature of an earlier one launches the remembered kernel with the
+    struct the full path would pack for its own arrays: every field, the tensor maps of its
+    addresses included; given outputs too."""
+    monkeypatch.setattr(_tma, "_encode", _encode_pointer)
+    monkeypatch.setattr(_tma, "_cache", {})
+    context = _api.portable_kernels if portable else contextlib.nullcontext
+
+    def call(given=False):
+        q, k, v = _qkv(2, 333, 700, 8, 2, 128, BF16)
+        outs = dict(out=FakeArray(np.zeros(q.shape, BF16)),
+                    lse=FakeArray(np.zeros((2, 8, 333), np.float32))) if given else {}
+        with context():
+            out, lse = _api.forward(q, k, v, **options, **outs)
+        return fake[-1], (q, k, v, out, lse)
+
+    full_calls = []
+    full_path = _api._forward_outputs
+    monkeypatch.setattr(_api, "_forward_outputs",
+                        lambda *a: full_calls.append(1) or full_path(*a))
+    for given in (False, True):
+        call(given)                       # the full path, remembered
+        assert len(_api._repeats) == 1 + given
+        before = len(full_calls)
+        repeat, arrays = call(given)      # a repeat on new arrays
+        assert len(full_calls) == before  # (it did not take the full path)
+        monkeypatch.setattr(_api, "_repeats", {})
+        q, k, v, out, lse = arrays        # ... and the same arrays on the full path
+        with context():  # (without given outputs the full path allocates its own)
+            _api.forward(q, k, v, **options, **({"out": out, "lse": lse} if given else {}))
+        full = fake[-1]
+        p = repeat[4]
+        if not given:
+            full[4].update(o=p["o"], lse=p["lse"])
+        assert repeat == full
+        assert (p["q"], p["k"], p["v"], p["o"], p["lse"]) == \
+            tuple(x.data.ptr for x in arrays)
+        if not portable:
+            assert [struct.unpack_from("<q", p[f], 8)[0] for f in ("tm_q", "tm_k", "tm_v")] == \
+                [q.data.ptr, k.data.ptr, v.data.ptr]
+    assert len({name for name, *_ in fake}) == 1  # (one kernel: the family asked for)
+
+
+def test_repeated_forward_keeps_every_check(fake, monkeypatch):
+    """What may differ between calls of one signature is still checked on a repeat: the
+    arrays' types, the flags' types, alignment (a misaligned q is copied, as on the full path)
+    and outputs that overlap the inputs; portable_kernels() is part of the signature."""
+    monkeypatch.setattr(_tma, "_encode", _encode_pointer)
+    monkeypatch.setattr(_tma, "_cache", {})
+    q, k, v = _qkv(1, 64, 64, 2, 2, 64, BF16)
+    out, lse = _api.forward(q, k, v, causal=True)
+    _api.forward(q, k, v, causal=True)
+    assert len(_api._repeats) == 1 and len(fake) == 2
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        _api.forward(q, k, v, causal=1)
+    with pytest.raises(TypeError, match="numpy.ndarray"):
+        _api.forward(q.a, k, v, causal=True)
+    with pytest.raises(ValueError, match="out shares memory with q"):
+        _api.forward(q, k, v, causal=True, out=FakeArray(q.a.copy(), q.data.ptr))
+    assert len(fake) == 2
+    # q at an address off the 16-byte grid: the full path's aligned copy is launched
+    odd = FakeArray(q.a.copy(), q.data.ptr + (1 << 20) + 2)
+    _api.forward(odd, k, v, causal=True)
+    assert fake[-1][4]["q"] % 16 == 0 and fake[-1][4]["q"] != odd.data.ptr
+    with _api.portable_kernels():
+        _api.forward(q, k, v, causal=True)
+    assert fake[-1][0] != fake[0][0] and "sm90" not in fake[-1][0]
+    _api.forward(q, k, v, causal=True)
+    assert fake[-1][0] == fake[0][0]
 
 
 def test_sm90_forward_takes_an_explicit_tile(fake, monkeypatch):
