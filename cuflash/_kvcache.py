@@ -63,7 +63,23 @@ def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block
 
 def _check_shapes(q, k_cache, v_cache, k, v, paged: bool) -> int:
     """The checks of forward_kvcache's arrays that need only their metadata (rank, dtype,
-    layout, shapes; cuflash.jax runs them at trace time). Returns seqlen_new (0: no append)."""
+    layout, shapes; cuflash.jax runs them at trace time). Returns seqlen_new (0: no append).
+    Layouts that passed are remembered: a serving loop calls with the same few every step."""
+    key = (paged,) + tuple(None if x is None else (x.shape, x.strides, x.dtype)
+                           for x in (q, k_cache, v_cache, k, v))
+    seqlen_new = _layouts_ok.get(key)
+    if seqlen_new is None:
+        seqlen_new = _check_shapes_uncached(q, k_cache, v_cache, k, v, paged)
+        if len(_layouts_ok) >= 1024:
+            _layouts_ok.clear()
+        _layouts_ok[key] = seqlen_new
+    return seqlen_new
+
+
+_layouts_ok: dict = {}
+
+
+def _check_shapes_uncached(q, k_cache, v_cache, k, v, paged: bool) -> int:
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _api._check_layout(name, x)
     batch, seqlen_q, nheads, d = q.shape
