@@ -191,10 +191,17 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--no-floor", action="store_true", help="skip the overhead rows")
+    ap.add_argument("--xla-graph-min-size", type=int,
+                    help="XLA's --xla_gpu_graph_min_graph_size: programs of this many ops and "
+                         "up run as CUDA graphs (1: the floor's one-op programs too, so that "
+                         "cuflash-cb's callback is replayed without Python)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     if no_gpu("jax_bench.py"):
         return 2
+    if args.xla_graph_min_size is not None:  # (read when JAX's GPU backend starts)
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   f" --xla_gpu_graph_min_graph_size={args.xla_graph_min_size}")
     try:
         import jax
         import jax.numpy as jnp
@@ -216,7 +223,7 @@ def main(argv=None) -> int:
         for mask in args.masks.split(","):
             causal = mask == "on"
             fns = providers(jax, jnp, causal, which)
-            for n in (int(s) for s in args.seqlens.split(",")):
+            for n in (int(s) for s in args.seqlens.split(",") if s):  # ("": the floor only)
                 b = max(1, args.tokens // n)
                 key = jax.random.PRNGKey(n)
                 q, k, v, dout = (jax.random.normal(kk, (b, n, heads, d)).astype(jnp.bfloat16)
@@ -250,7 +257,8 @@ def main(argv=None) -> int:
             cell = f"{r['us']:7.1f} us per call" if "us" in r else f"failed ({r['error']})"
             print(f"floor {r['floor']:18s} {cell} (idle GPU, {r['shape']})", flush=True)
     if args.json:
-        script_results(args.json, cp, rows, jax=jax.__version__, cuflash=cuflash.__version__)
+        script_results(args.json, cp, rows, jax=jax.__version__, cuflash=cuflash.__version__,
+                       xla_flags=os.environ.get("XLA_FLAGS", ""))
     return 0
 
 
