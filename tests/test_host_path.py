@@ -245,6 +245,8 @@ def test_repeated_forward_packs_what_the_full_path_packs(fake, monkeypatch, port
         q, k, v = _qkv(2, 333, 700, 8, 2, 128, BF16)
         outs = dict(out=FakeArray(np.zeros(q.shape, BF16)),
                     lse=FakeArray(np.zeros((2, 8, 333), np.float32))) if given else {}
+        if given == "out":
+            del outs["lse"]
         with context():
             out, lse = _api.forward(q, k, v, **options, **outs)
         return fake[-1], (q, k, v, out, lse)
@@ -253,20 +255,22 @@ def test_repeated_forward_packs_what_the_full_path_packs(fake, monkeypatch, port
     full_path = _api._forward_outputs
     monkeypatch.setattr(_api, "_forward_outputs",
                         lambda *a: full_calls.append(1) or full_path(*a))
-    for given in (False, True):
+    for count, given in enumerate((False, "out", True)):
         call(given)                       # the full path, remembered
-        assert len(_api._repeats) == 1 + given
+        assert len(_api._repeats) == 1 + min(count, 1)  # (this call's, and the last full call's)
         before = len(full_calls)
         repeat, arrays = call(given)      # a repeat on new arrays
         assert len(full_calls) == before  # (it did not take the full path)
         monkeypatch.setattr(_api, "_repeats", {})
         q, k, v, out, lse = arrays        # ... and the same arrays on the full path
-        with context():  # (without given outputs the full path allocates its own)
-            _api.forward(q, k, v, **options, **({"out": out, "lse": lse} if given else {}))
+        passed = {} if not given else {"out": out} if given == "out" else \
+            {"out": out, "lse": lse}
+        with context():  # (an output not given: the full path allocates its own)
+            _api.forward(q, k, v, **options, **passed)
         full = fake[-1]
         p = repeat[4]
-        if not given:
-            full[4].update(o=p["o"], lse=p["lse"])
+        full[4].update({"o": p["o"]} if "out" not in passed else {},
+                       **({"lse": p["lse"]} if "lse" not in passed else {}))
         assert repeat == full
         assert (p["q"], p["k"], p["v"], p["o"], p["lse"]) == \
             tuple(x.data.ptr for x in arrays)
