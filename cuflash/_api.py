@@ -782,22 +782,24 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
 
 def _repeat_key(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, config,
                 window_size, softcap, alibi_slopes, packed):
-    """The signature under which a dense forward call's launch is remembered: the layouts and
-    dtypes of q, k, v, out and lse, each option with its type (causal=1 must not pass for
-    True), portable_kernels(); None where the call is not one to remember (a varlen batch,
+    """The signature under which a dense forward call's launch is remembered: q's GPU, the
+    layouts and dtypes of q, k, v, out and lse, each option with its type (causal=1 must not
+    pass for True), portable_kernels(); None where the call is not one to remember (a varlen batch,
     ALiBi's per-call array, a tile or verbose output asked for, unhashable options)."""
     if packed is not None or alibi_slopes is not None or config is not None or \
-            verbose is not False or algorithm != "fa2" or type(window_size) is not tuple:
+            verbose is not False or type(algorithm) is not str or algorithm != "fa2" or \
+            type(window_size) is not tuple:
         return None
     try:
-        key = (type(q), q.shape, q.strides, q.dtype, type(k), k.shape, k.strides, k.dtype,
+        key = (q.data.device_id, type(q), q.shape, q.strides, q.dtype, type(k), k.shape,
+               k.strides, k.dtype,
                type(v), v.shape, v.strides, v.dtype, type(causal), causal, type(softmax_scale),
                softmax_scale, tuple(map(type, window_size)), window_size, type(softcap), softcap,
                None if out is None else (type(out), out.shape, out.strides, out.dtype),
                None if lse is None else (type(lse), lse.shape, lse.strides, lse.dtype),
                _portable_only)
         hash(key)
-    except (AttributeError, TypeError):
+    except Exception:  # (not arrays, unhashable options: the full path says what is wrong)
         return None
     return key
 

@@ -306,6 +306,47 @@ def test_repeated_forward_keeps_every_check(fake, monkeypatch):
     assert fake[-1][0] != fake[0][0] and "sm90" not in fake[-1][0]
     _api.forward(q, k, v, causal=True)
     assert fake[-1][0] == fake[0][0]
+    with pytest.raises(TypeError, match="algorithm must be"):
+        _api.forward(q, k, v, causal=True, algorithm=np.array("fa2"))
+    # k on another GPU than q (the signature names q's)
+    k1 = FakeArray(k.a.copy())
+    k1.data.device_id = 1
+    with pytest.raises(ValueError, match="same GPU"):
+        _api.forward(q, k1, v, causal=True)
+    # given outputs: remembered with good ones, then on a repeat an out over q, an out and an
+    # lse off their alignment
+    def outs(out_ptr=None, lse_ptr=None):
+        return dict(out=FakeArray(np.zeros(q.shape, BF16), out_ptr),
+                    lse=FakeArray(np.zeros((1, 2, 64), np.float32), lse_ptr))
+    _api.forward(q, k, v, causal=True, **outs())
+    n = len(fake)
+    _api.forward(q, k, v, causal=True, **outs())
+    assert len(fake) == n + 1
+    with pytest.raises(ValueError, match="out shares memory with q"):
+        _api.forward(q, k, v, causal=True, **outs(out_ptr=q.data.ptr + 64))
+    with pytest.raises(ValueError, match="lse shares memory with v"):
+        _api.forward(q, k, v, causal=True, **outs(lse_ptr=v.data.ptr))
+    with pytest.raises(ValueError, match="out must start on a 16-byte boundary"):
+        _api.forward(q, k, v, causal=True, **outs(out_ptr=(1 << 40) + 8))
+    with pytest.raises(ValueError, match="lse must start on a 4-byte boundary"):
+        _api.forward(q, k, v, causal=True, **outs(lse_ptr=(1 << 40) + 2))
+    assert len(fake) == n + 1
+
+
+def test_repeated_forward_restores_its_whole_struct(fake, monkeypatch):
+    """Another call of the same kernel (another length and scale) packs the shared parameter
+    buffer in between: a repeat launches with every field of its own call, not the last."""
+    monkeypatch.setattr(_tma, "_encode", _encode_pointer)
+    monkeypatch.setattr(_tma, "_cache", {})
+    q, k, v = _qkv(1, 300, 300, 2, 2, 128, BF16)
+    _api.forward(q, k, v)
+    first = fake[-1]
+    q2, k2, v2 = _qkv(1, 280, 290, 2, 2, 128, BF16)
+    _api.forward(q2, k2, v2, softmax_scale=0.05)
+    assert fake[-1][0] == first[0] and fake[-1][4]["seqlen_q"] == 280  # (the same kernel)
+    out, lse = _api.forward(q, k, v)
+    assert fake[-1][4] == dict(first[4], o=out.data.ptr, lse=lse.data.ptr)
+    assert len(_api._repeats) == 2
 
 
 def test_sm90_forward_takes_an_explicit_tile(fake, monkeypatch):
