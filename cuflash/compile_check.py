@@ -186,13 +186,19 @@ def check_all(archs=ARCHS, nvcc: str | None = None) -> list[KernelReport]:
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise FileNotFoundError("nvcc not found (set CUDACXX or put nvcc on PATH)")
-    jobs = []
+    by_job = defaultdict(list)
     for arch in archs:  # each architecture builds the shapes the planner picks for it
-        by_file = defaultdict(list)
         for filename, name in _plan.all_specialisations(arch):
-            by_file[filename].append(name)
-        jobs += [(f, names, arch) for f, names in by_file.items()]
-    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+            by_job[filename, arch].append(name)
+    # One nvcc per file and architecture, cut into pieces where there are cores to spare: the
+    # largest file (the backward, 500+ kernels) alone took minutes on one core of a 16-core
+    # machine while the others idled. About two pieces per core (each piece parses the
+    # headers again, so a 2-core machine keeps one per file).
+    cores = os.cpu_count() or 1
+    size = max(16, -(-sum(map(len, by_job.values())) // (2 * cores)))
+    jobs = [(f, names[i:i + size], arch) for (f, arch), names in by_job.items()
+            for i in range(0, len(names), size)]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), cores))) as pool:
         results = list(pool.map(lambda job: compile_file(*job, nvcc), jobs))
     reports = [r for _, rs in results for r in rs]
     expected = sum(len(_plan.all_specialisations(a)) for a in archs)
