@@ -83,6 +83,20 @@ def _check_layout(name: str, x) -> None:
                          f"strides {x.strides}; use cupy.ascontiguousarray({name})")
 
 
+def _check_layout_once(name: str, x) -> None:
+    """_check_layout, remembering the layouts (shape, strides, dtype) that passed: the
+    outputs and gradients a loop passes have the same few every step."""
+    key = (x.shape, x.strides, x.dtype)
+    if key not in _layouts_passed:
+        _check_layout(name, x)
+        if len(_layouts_passed) >= 1024:
+            _layouts_passed.clear()
+        _layouts_passed.add(key)
+
+
+_layouts_passed: set = set()
+
+
 def _check_strides(name: str, x) -> None:
     """The kernels take strides in elements: a byte stride that is not a whole number of
     elements (an as_strided view) cannot be expressed and would be rounded."""
@@ -647,11 +661,7 @@ def _forward_outputs(cupy, q, out, lse, lse_shape, odd_d: bool, inputs: dict) ->
         out_strides = (s * h * d, h * d, d)
     else:
         _check_given(cupy, "out", out, q.shape, q.dtype, q)
-        if (out.shape, out.strides, out.dtype) not in _out_layouts_ok:
-            _check_layout("out", out)
-            if len(_out_layouts_ok) >= 1024:
-                _out_layouts_ok.clear()
-            _out_layouts_ok.add((out.shape, out.strides, out.dtype))
+        _check_layout_once("out", out)
         _check_output_alignment("out", out, 2 if odd_d else 16)
         if not odd_d and _aligned(cupy, out) is not out:
             raise ValueError("out must start on a 16-byte boundary with strides that are "
@@ -885,7 +895,6 @@ def _remember(key, record, device_id, q, k, v, out, lse) -> None:
 
 
 _forward_launches: dict = {}
-_out_layouts_ok: set = set()  # out layouts that passed _check_layout (shape, strides, dtype)
 
 
 def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, verbose,
@@ -1221,7 +1230,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
     group = nheads // nheads_k
     for name, x in (("dout", dout), ("out", out)):
         _check_given(cupy, name, x, q.shape, q.dtype, q)
-        _check_layout(name, x)
+        _check_layout_once(name, x)
     fields, total_q = {}, 0  # the packed batch's fields (seqinfo.cuh), none when dense
     if packed is not None:  # the grid's and the workspaces' sizes: the longest entry's
         total_q = seqlen_q
