@@ -54,15 +54,28 @@ _L2_FLUSH_BYTES = 256 << 20  # more than any GPU's L2 (H200: 50 MB)
 _flush_buffers: dict = {}
 
 
+_WARM_MS = 25.0  # (triton.testing.do_bench's default warm-up)
+
+
 def median_ms(cp, fn, warmup, reps):
     """Kernel time of fn() in ms: the median over `reps` calls of the GPU time between events
     recorded on the current stream around each call, the L2 cache flushed (a 256 MiB memset)
     before each. The calls are issued back to back with no synchronisation, so while the GPU
-    runs one flush and call, the host prepares the next: host overhead is not counted."""
-    for _ in range(warmup):
-        fn()
+    runs one flush and call, the host prepares the next: host overhead is not counted.
+    Warm-up: `warmup` calls and at least _WARM_MS of flushes and calls, so that a GPU that sat
+    idle (its SM clock falls to 345 MHz on the H200) is back at its clock before the first
+    timed call; a few calls of a 30 us kernel alone do not get it there."""
     flush = _flush_buffers.setdefault(cp.cuda.Device().id,
                                       cp.empty(_L2_FLUSH_BYTES, dtype=cp.uint8))
+    stream = cp.cuda.get_current_stream()
+    t0, calls = time.perf_counter(), 0
+    while calls < warmup or (time.perf_counter() - t0) * 1e3 < _WARM_MS:
+        flush.fill(0)
+        fn()
+        calls += 1
+        if calls % 4 == 0:  # (wall time follows the GPU's, not the host's queueing)
+            stream.synchronize()
+    stream.synchronize()
     events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
     for start, end in events:
         flush.fill(0)
