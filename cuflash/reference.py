@@ -163,6 +163,13 @@ class Mask:
         return self.window_right
 
     @property
+    def left_of_diagonal(self) -> bool:
+        """No row sees a key right of its diagonal, as the kernels take it
+        (kernels/mask.cuh's LEFT_OF_DIAGONAL): the causal mask without a window. (A window
+        whose right side is 0 has the property too; the kernels leave it out.)"""
+        return self.causal and not self.LOCAL
+
+    @property
     def LOCAL(self) -> bool:
         """A lower key limit (a window's left side): blocks left of it are skipped too."""
         return self.window_left >= 0
@@ -229,6 +236,25 @@ class Score:
             dist = xp.abs(rows[:, None] + (seqlen_k - seqlen_q) - cols[None, :]).astype(S.dtype)
             S = S - slopes * dist
         return S
+
+    def apply_split(self, xp, S_raw, rows, cols, seqlen_q: int, seqlen_k: int,
+                    left_of_diagonal: bool):
+        """(S', row_bias) with apply()'s S = S' + row_bias, as the forward kernels split it
+        (kernels/score.cuh): where no row sees a key right of its diagonal, ALiBi's
+        -slope |i + seqlen_k - seqlen_q - j| is -slope (i + seqlen_k - seqlen_q - j0) for the
+        row (row_bias, (..., len(rows), 1)) plus slope (j - j0) for the element, j0 = cols[0]
+        (the softmax adds row_bias to the row max and to the exponent). Elsewhere S' = S and
+        row_bias = 0. Only visible keys keep the identity; hidden ones are masked after."""
+        if self.alibi_slopes is None or not left_of_diagonal:
+            return self.apply(xp, S_raw, rows, cols, seqlen_q, seqlen_k), 0.0
+        plain = Score(self.scale, self.softcap)
+        S = plain.apply(xp, S_raw, rows, cols, seqlen_q, seqlen_k)
+        slopes = xp.asarray(self.alibi_slopes).astype(S.dtype)
+        slopes = slopes[None, :, None, None] if slopes.ndim == 1 else slopes[:, :, None, None]
+        rows, cols = xp.asarray(rows), xp.asarray(cols)
+        j0 = cols[0]
+        row_bias = -slopes * (rows[:, None] + (seqlen_k - seqlen_q) - j0).astype(S.dtype)
+        return S + slopes * (cols[None, :] - j0).astype(S.dtype), row_bias
 
     def grad(self, xp, S_raw, dS):
         """The gradient with respect to scale S_raw (the scaled scores before the softcap),
@@ -386,11 +412,13 @@ def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
             whole = cb.unmasked_begin <= j < cb.masked_begin
             if whole:
                 assert block_visible.all(), f"unmasked block ({i}, {j}) has masked keys"
-            S_ij = score.apply(np, Q_i @ K[:, :, cols].transpose(0, 1, 3, 2),  # S_ij = hook(
-                               np.arange(seqlen_q)[rows], np.arange(seqlen_k)[cols],  # scale
-                               seqlen_q, seqlen_k)                            # Q_i K_j^T)
+            S_ij, row_bias = score.apply_split(                    # S_ij = hook(scale Q_i K_j^T)
+                np, Q_i @ K[:, :, cols].transpose(0, 1, 3, 2),        # less its row part (ALiBi
+                np.arange(seqlen_q)[rows], np.arange(seqlen_k)[cols],  # left of the diagonal:
+                seqlen_q, seqlen_k, mask.left_of_diagonal)            # score.cuh), row_bias
             if not whole:
                 S_ij = np.where(block_visible, S_ij, -np.inf)
+            S_ij = S_ij + row_bias                                    # (added back, per row)
             m_new = np.maximum(m_i, S_ij.max(axis=-1))                # m_new = max(m, rowmax S)
             if rescale_log2 is not None:                              # lazy: keep m unless
                 with np.errstate(invalid="ignore"):                   # P~ would pass 2^t

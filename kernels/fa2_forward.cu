@@ -282,7 +282,10 @@ fa2_forward(const FwdParams p) {
             });
 
         // The score hook (score.cuh): S_ij as the softmax sees it (nothing to do for the scale
-        // alone, which the softmax folds into its exponent).
+        // alone, which the softmax folds into its exponent); SPLIT: under the causal mask it
+        // leaves its part per row and lane out of S, in row_bias, for the softmax to add back.
+        constexpr bool SPLIT = Score::REWRITES && MaskT::LEFT_OF_DIAGONAL;
+        float row_bias[MT][2];
         if constexpr (Score::REWRITES) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
@@ -291,7 +294,7 @@ fa2_forward(const FwdParams p) {
                 for (int e2 = 0; e2 < 2; ++e2)
                     dist[e2] = score.diagonal(row0 + warp * RPW + mt * 16 + lane / 4 + e2 * 8,
                                               col0 + (lane % 4) * 2, seqlen_q, seqlen_k);
-                score.apply_fragment(p, s[mt], dist);
+                score.template apply_fragment<SPLIT>(p, s[mt], dist, row_bias[mt]);
             }
         }
 
@@ -305,7 +308,7 @@ fa2_forward(const FwdParams p) {
 
         // Online softmax (softmax.cuh): m_new = max(m_i, rowmax(S_ij)),
         // P~_ij = exp(scale (S_ij - m_new)) in place of S_ij, l_i and O~_i rescaled.
-        softmax.update(s, o, score.exp2_scale, lane);
+        softmax.template update<SPLIT>(s, o, score.exp2_scale, lane, row_bias);
 
         if (KV_STAGES == 1) {
             cp_async_wait<0>();

@@ -340,6 +340,10 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             const int col0 = j * B_c;
             // The score hook (score.cuh): S_ij as the softmax sees it (nothing to do for the
             // scale alone, which the softmax folds into its exponent).
+            // SPLIT: under the causal mask the hook leaves its part per row and lane out of S,
+            // in row_bias, for the softmax to add back (score.cuh).
+            constexpr bool SPLIT = Score::REWRITES && MaskT::LEFT_OF_DIAGONAL;
+            float row_bias[1][2];
             if constexpr (Score::REWRITES) {
                 // (the diagonal distance at this lane's first column, its two rows: score.cuh)
                 // (dense: the lengths straight from the parameters, which ptxas reloads
@@ -350,14 +354,14 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                     dist[e2] = score.diagonal(row_lane + e2 * 8, col0 + (lane % 4) * 2,
                                               SeqT::PACKED ? seqlen_q : p.seqlen_q,
                                               SeqT::PACKED ? seq.seqlen_k : p.seqlen_k);
-                score.apply_fragment(p, s[0], dist);
+                score.template apply_fragment<SPLIT>(p, s[0], dist, row_bias[0]);
             }
             // Mask (mask.cuh), on blocks that cross a mask limit or the end of K
             // (block_range.cuh): S_ij[r, c] = -inf where key c is not visible from query r.
             if (j >= cb.masked_begin || (MaskT::LOCAL && j < cb.unmasked_begin))
                 mask_fragment(mask, s[0], row_lane, col0, lane);
             // Online softmax (softmax.cuh): P~_ij in place of S_ij, l_i and O~_i rescaled.
-            softmax.update(s, o, score.exp2_scale, lane);
+            softmax.template update<SPLIT>(s, o, score.exp2_scale, lane, row_bias);
 #pragma unroll
             for (int kk = 0; kk < B_c / 16; ++kk) pack_a_fragment<T>(pa[kk], s[0], kk);
         };

@@ -60,6 +60,11 @@ struct Mask {
     __device__ __forceinline__ int last_row(int col_hi) const {
         return LOCAL ? min(seqlen_q - 1, col_hi - (seqlen_k - seqlen_q) + left) : seqlen_q - 1;
     }
+    // No row sees a key right of its diagonal (col <= row + seqlen_k - seqlen_q for every
+    // visible key): the causal mask. ALiBi's |distance| is then the distance itself
+    // (score.cuh's row_bias form). (A window whose right side is 0 has the property too; it
+    // is left out because testing it at run time spilled the d 256 Hopper tile with the hook.)
+    static constexpr bool LEFT_OF_DIAGONAL = CAUSAL && !LOCAL;
     // The element mask: whether key `col` is hidden from a row whose key range is [lo, hi]
     // (all three counted from the same origin, usually the lane's first column of the block).
     static __device__ __forceinline__ bool hidden(int col, int lo, int hi) {

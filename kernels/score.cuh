@@ -14,6 +14,9 @@
 //               and four backward tiles spilled.) Both features are
 //               runtime parameters of the one hooked kernel (a kernel per combination would
 //               double the compiled specialisations again); the plain path keeps ScoreScale.
+// The forward kernels take ALiBi in two parts where no row sees a key right of its diagonal
+// (causal masks): the element's (one FFMA) and the row's, which the softmax adds to its row
+// max and exponent (apply_fragment with row_bias, OnlineSoftmax::update with row_bias).
 // The backward needs the hook's derivative for dS: apply(s, dist, dfactor) also gives
 // dfactor = 1 - tanh^2 with the softcap, 1 without (ALiBi's bias has none): d(hooked)/dS is
 // dfactor, and the kernels apply the scale after their matmuls, as without a hook.
@@ -123,8 +126,33 @@ struct ScoreHook {
             fragment<false>(p, s, dist);
     }
 
+    // The same where SPLIT: no row sees a key right of its diagonal (the mask's
+    // LEFT_OF_DIAGONAL, the causal mask). Every visible distance is then >= 0, and ALiBi's
+    // term at the lane's column c of the block splits into a part of the element and a part
+    // of the row:  -slope |dist - c| = slope c - slope dist.  S gets slope c (one FFMA with an
+    // immediate per element, where the full term takes an FADD and an FFMA) and row_bias[e2]
+    // = -slope dist[e2] comes back for the softmax, which adds it to this lane's row max and
+    // to its exponent's offset (OnlineSoftmax::update<true>): m_i, P~ and L_i are those of
+    // the full term. (Hidden keys are masked to -inf after the hook either way.) Without
+    // SPLIT: apply_fragment above, row_bias untouched.
+    template <bool SPLIT, class Params, int NT>
+    __device__ __forceinline__ void apply_fragment(const Params& p, float (&s)[NT][4],
+                                                   const float (&dist)[2],
+                                                   float (&row_bias)[2]) const {
+        if constexpr (SPLIT) {
+            row_bias[0] = -slope * dist[0];
+            row_bias[1] = -slope * dist[1];
+            if (p.softcap_in != 0.f)
+                fragment<true, true>(p, s, dist);
+            else
+                fragment<false, true>(p, s, dist);
+        } else {
+            apply_fragment(p, s, dist);
+        }
+    }
+
   private:
-    template <bool SOFTCAP, class Params, int NT>
+    template <bool SOFTCAP, bool SPLIT = false, class Params, int NT>
     __device__ __forceinline__ void fragment(const Params& p, float (&s)[NT][4],
                                              const float (&dist)[2]) const {
         const float cap_in = p.softcap_in, cap_out = p.softcap_out;
@@ -133,7 +161,8 @@ struct ScoreHook {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const float x = SOFTCAP ? cap_out * softcap_tanh(s[nt][e], cap_in) : s[nt][e];
-                s[nt][e] = alibi(x, dist[e / 2] - static_cast<float>(nt * 8 + e % 2));
+                const float c = static_cast<float>(nt * 8 + e % 2);  // (a compile-time constant)
+                s[nt][e] = SPLIT ? fmaf(slope, c, x) : alibi(x, dist[e / 2] - c);
             }
     }
 };

@@ -48,17 +48,31 @@ struct OnlineSoftmax {
 
     // S_ij -> P~_ij in s; l_i, m_i and O~_i updated (see the header). exp2_scale: the score
     // hook's exponent scale.
+    // ROW_BIAS: this lane's elements of row (mt, e2) are S_ij less row_bias[mt][e2] (the score
+    // hook's row part, score.cuh): the row max takes it back per lane, before the quad's
+    // reduction, and so does the exponent's offset, so m_i, P~ and L_i are those of S_ij.
+    // Without: row_bias is not read.
+    template <bool ROW_BIAS>
     __device__ __forceinline__ void update(float (&s)[MT][NT_S][4], float (&o)[MT][NT_O][4],
-                                           float exp2_scale, int lane) {
+                                           float exp2_scale, int lane,
+                                           const float (&row_bias)[MT][2]) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int e2 = 0; e2 < 2; ++e2) {
                 // m_new = max(m_i, rowmax(S_ij)) over the row's quad
                 float m_new = m[mt][e2];
+                if constexpr (ROW_BIAS) {  // (-inf + the bias stays -inf)
+                    float mine = CUFLASH_NEG_INF;
 #pragma unroll
-                for (int nt = 0; nt < NT_S; ++nt)
-                    m_new = fmaxf(m_new, fmaxf(s[mt][nt][e2 * 2], s[mt][nt][e2 * 2 + 1]));
+                    for (int nt = 0; nt < NT_S; ++nt)
+                        mine = fmaxf(mine, fmaxf(s[mt][nt][e2 * 2], s[mt][nt][e2 * 2 + 1]));
+                    m_new = fmaxf(m_new, mine + row_bias[mt][e2]);
+                } else {
+#pragma unroll
+                    for (int nt = 0; nt < NT_S; ++nt)
+                        m_new = fmaxf(m_new, fmaxf(s[mt][nt][e2 * 2], s[mt][nt][e2 * 2 + 1]));
+                }
                 m_new = quad_max(m_new);
                 bool grow = true;
                 if (LAZY) {
@@ -81,12 +95,14 @@ struct OnlineSoftmax {
                     o[mt][nt][e2 * 2 + 1] *= alpha;
                 }
                 // P~_ij = exp2(exp2_scale S_ij - m_scaled); l_i += rowsum(P~_ij)
+                const float offset =
+                    ROW_BIAS ? fmaf(row_bias[mt][e2], exp2_scale, -m_scaled) : -m_scaled;
 #pragma unroll
                 for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
                     for (int e1 = 0; e1 < 2; ++e1) {
                         float& x = s[mt][nt][e2 * 2 + e1];
-                        const float arg = fmaf(x, exp2_scale, -m_scaled);
+                        const float arg = fmaf(x, exp2_scale, offset);
                         x = POLY_EVERY > 0 && nt % POLY_EVERY == POLY_EVERY - 1
                                 ? exp2_poly(arg)
                                 : exp2_approx(arg);
