@@ -418,14 +418,14 @@ def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
                 seqlen_q, seqlen_k, mask.left_of_diagonal)            # score.cuh), row_bias
             if not whole:
                 S_ij = np.where(block_visible, S_ij, -np.inf)
-            S_ij = S_ij + row_bias                                    # (added back, per row)
-            m_new = np.maximum(m_i, S_ij.max(axis=-1))                # m_new = max(m, rowmax S)
+            m_new = np.maximum(m_i, (S_ij.max(axis=-1, keepdims=True)  # m_new = max(m, rowmax S)
+                                     + row_bias)[..., 0])             # (the row part back)
             if rescale_log2 is not None:                              # lazy: keep m unless
                 with np.errstate(invalid="ignore"):                   # P~ would pass 2^t
                     grow = (m_new - m_i) * math.log2(math.e) > rescale_log2
                 m_new = np.where(grow | np.isneginf(m_i), m_new, m_i)
             m_safe = np.where(np.isneginf(m_new), 0.0, m_new)
-            P_ij = np.exp(S_ij - m_safe[..., None])                   # P~ = e^(S - m)
+            P_ij = np.exp(S_ij - (m_safe[..., None] - row_bias))      # P~ = e^(S - m)
             alpha = np.exp(m_i - m_safe)                              # e^(m_old - m_new)
             l_i = alpha * l_i + P_ij.sum(axis=-1)                     # l = e^(..) l + rowsum P~
             O_i = alpha[..., None] * O_i + P_ij @ V[:, :, cols]       # O~ = diag(..) O~ + P~ V_j

@@ -158,6 +158,21 @@ def test_tiled_forward_and_backward_equal_naive(case, window, softcap, alibi):
             np.testing.assert_allclose(t, a, rtol=0, atol=1e-11)
 
 
+def test_alibi_split_keeps_the_row_max_in_true_units():
+    """Under the causal mask the tiled forward takes ALiBi in two parts, as the kernels do
+    (score.cuh: slope (j - j0) in S, the row's -slope (i + s_k - s_q - j0) added to the row
+    max and to the exponent). With steep slopes the row's part is hundreds of units: a max
+    taken without it would put P~ near the diagonal at e^-1000 = 0 (O = 0)."""
+    rng = np.random.default_rng(7)
+    q, k, v = (_rand(rng, 1, 300, 2, 8) for _ in range(3))
+    slopes = np.array([16.0, 9.0])
+    O, L = ref.attention_naive(q, k, v, True, alibi_slopes=slopes)
+    for rescale in (None, 8):
+        O2, L2 = ref.attention_fa2_tiled(q, k, v, True, B_r=32, B_c=64, rescale_log2=rescale,
+                                         alibi_slopes=slopes)
+        assert_same_attention(O, L, O2, L2, 1e-12)
+
+
 # ---- the backward ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw", [dict(softcap=1.5), dict(alibi_slopes=[0.3, 0.7]),
