@@ -83,18 +83,26 @@ def _check_layout(name: str, x) -> None:
                          f"strides {x.strides}; use cupy.ascontiguousarray({name})")
 
 
+def _keep(cache: dict, key, value):
+    """cache[key] = value, the cache emptied first once it holds 1024 entries: the memos of
+    layouts, launches and grids that spare a loop's calls their repeated work (a loop uses a
+    few keys; a stream of new shapes must not grow them without bound). Returns value."""
+    if len(cache) >= 1024:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 def _check_layout_once(name: str, x) -> None:
     """_check_layout, remembering the layouts (shape, strides, dtype) that passed: the
     outputs and gradients a loop passes have the same few every step."""
     key = (x.shape, x.strides, x.dtype)
     if key not in _layouts_passed:
         _check_layout(name, x)
-        if len(_layouts_passed) >= 1024:
-            _layouts_passed.clear()
-        _layouts_passed.add(key)
+        _keep(_layouts_passed, key, True)
 
 
-_layouts_passed: set = set()
+_layouts_passed: dict = {}
 
 
 def _check_strides(name: str, x) -> None:
@@ -153,11 +161,9 @@ def _check_shapes(q, k, v) -> tuple:
     derived = _layouts_ok.get(key)
     if derived is None:
         _check_shapes_uncached(q, k, v)
-        derived = ((_strides(q), _strides(k), _strides(v)),
-                   all(_rows_aligned(x.shape, x.strides, x.itemsize) for x in (q, k, v)))
-        if len(_layouts_ok) > 1024:
-            _layouts_ok.clear()
-        _layouts_ok[key] = derived
+        derived = _keep(_layouts_ok, key, (
+            (_strides(q), _strides(k), _strides(v)),
+            all(_rows_aligned(x.shape, x.strides, x.itemsize) for x in (q, k, v))))
     return derived
 
 
@@ -240,16 +246,24 @@ def _check_no_overlap(outputs: dict, others: dict) -> None:
     another output. `outputs` and `others` map names to arrays. A byte-range test: views that
     interleave without touching the same element are refused too."""
     ranges = {name: _byte_range(x.data.ptr, x) for name, x in {**others, **outputs}.items()}
-    names = list(outputs)
-    for i, name in enumerate(names):
+    pair = _overlapping(ranges, list(outputs))
+    if pair:
+        raise ValueError(f"{pair[0]} shares memory with {pair[1]}: cuflash's outputs must not "
+                         "overlap its inputs or each other (pass a separate array)")
+
+
+def _overlapping(ranges: dict, outputs: list):
+    """The first (output, other) whose [first, last) byte ranges in `ranges` (name -> range)
+    intersect, an output's empty range intersecting nothing; None if none do."""
+    for i, name in enumerate(outputs):
         lo, hi = ranges[name]
         if lo == hi:
             continue
-        for other in names[i + 1:] + list(others):
+        for other in outputs[i + 1:] + [n for n in ranges if n not in outputs]:
             olo, ohi = ranges[other]
             if olo < hi and lo < ohi:
-                raise ValueError(f"{name} shares memory with {other}: cuflash's outputs must "
-                                 "not overlap its inputs or each other (pass a separate array)")
+                return name, other
+    return None
 
 
 def _check_flag(name: str, value) -> bool:
@@ -870,17 +884,12 @@ class _Repeat:
         return out, lse
 
     def _overlap(self, q, k, v, out, lse) -> bool:
-        """Whether a given output shares bytes with an input or with the other output (as
-        _check_no_overlap, on the remembered extents)."""
+        """Whether a given output shares bytes with an input or with the other output
+        (_check_no_overlap's rule, on the remembered extents)."""
         ranges = {i: (x.data.ptr + lo, x.data.ptr + hi)
                   for i, (x, (lo, hi)) in enumerate(zip((q, k, v, out, lse), self.extents))
                   if x is not None}
-        for i in (3, 4):
-            lo, hi = ranges.get(i, (0, 0))
-            if lo != hi and any(olo < hi and lo < ohi for j, (olo, ohi) in ranges.items()
-                                if j != i):
-                return True
-        return False
+        return _overlapping(ranges, [i for i in (3, 4) if i in ranges]) is not None
 
 
 _repeats: dict = {}
@@ -889,9 +898,7 @@ _repeats: dict = {}
 def _remember(key, record, device_id, q, k, v, out, lse) -> None:
     """Keep the launch that `record` holds under `key` (_repeat_key) for later calls."""
     if record:
-        if len(_repeats) >= 1024:
-            _repeats.clear()
-        _repeats[key] = _Repeat(record[0], device_id, q, k, v, out, lse)
+        _keep(_repeats, key, _Repeat(record[0], device_id, q, k, v, out, lse))
 
 
 _forward_launches: dict = {}
@@ -968,12 +975,8 @@ def _sm90_grid(cupy, shape_key: tuple):
     shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id), kept per shape: training
     loops launch the same few."""
     *shape, device_id = shape_key
-    found = _registry.sm90_forward_grid(
-        *shape, int(_device_properties(cupy, device_id)["multiProcessorCount"]))
-    if len(_sm90_grids) >= 1024:
-        _sm90_grids.clear()
-    _sm90_grids[shape_key] = found
-    return found
+    return _keep(_sm90_grids, shape_key, _registry.sm90_forward_grid(
+        *shape, int(_device_properties(cupy, device_id)["multiProcessorCount"])))
 
 
 _portable_only = False

@@ -69,10 +69,8 @@ def _check_shapes(q, k_cache, v_cache, k, v, paged: bool) -> int:
                            for x in (q, k_cache, v_cache, k, v))
     seqlen_new = _layouts_ok.get(key)
     if seqlen_new is None:
-        seqlen_new = _check_shapes_uncached(q, k_cache, v_cache, k, v, paged)
-        if len(_layouts_ok) >= 1024:
-            _layouts_ok.clear()
-        _layouts_ok[key] = seqlen_new
+        seqlen_new = _api._keep(_layouts_ok, key,
+                                _check_shapes_uncached(q, k_cache, v_cache, k, v, paged))
     return seqlen_new
 
 
