@@ -34,6 +34,7 @@ the forward's.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -140,7 +141,10 @@ def floor_rows(jax, jnp, cp, d: int) -> list:
     outs = (jax.ShapeDtypeStruct(shape, jnp.bfloat16),
             jax.ShapeDtypeStruct((1, 1, 128), jnp.float32))
     empty5 = jax.jit(buffer_callback(lambda ctx, out, q, k, v: None, outs))
-    views = jax.jit(buffer_callback(_plumbing, outs))
+    from cuflash import jax as cjax
+    opts = cjax._options(q, k, v, False, None, (-1, -1), 0.0, None, False, "fa2")
+    plumbing = cjax._on_xla_stream(_plumbing_body)  # (the callbacks' own prologue)
+    views = jax.jit(buffer_callback(functools.partial(plumbing, opts), outs))
     fns = providers(jax, jnp, False, "fwd")
     rows = []
     for name, fn, args in (("cuflash", fns["cuflash"], (q, k, v, q)),
@@ -166,19 +170,13 @@ def floor_rows(jax, jnp, cp, d: int) -> list:
     return rows
 
 
-def _plumbing(ctx, outputs, q, k, v):
-    """What cuflash.jax's forward callback does besides calling cuflash.forward: XLA's stream
-    made current on the buffers' GPU, a CuPy view of each buffer (the floor's
-    callback-plumbing row)."""
-    from cuflash import _api
-    from cuflash import jax as cjax
-
-    cupy = _api._cupy()
-    stream, device = cjax._stream(cupy, ctx.stream, outputs)
-    with _api._on_device(cupy, device), stream:
-        for buf, dtype, tail in ((q, "bfloat16", 4), (k, "bfloat16", 4), (v, "bfloat16", 4),
-                                 (outputs[0], "bfloat16", 4), (outputs[1], "float32", 3)):
-            cjax._view(cupy, buf, dtype, tail, device)
+def _plumbing_body(opts, view, outputs, q, k, v):
+    """cuflash.jax's forward callback without its call of cuflash.forward: the real callback's
+    prologue (_on_xla_stream: XLA's stream made current on the buffers' GPU) and a CuPy view
+    of each buffer (the floor's callback-plumbing row)."""
+    for buf in (q, k, v, outputs[0]):
+        view(buf)
+    view(outputs[1], "float32", 3)
 
 
 def main(argv=None) -> int:
