@@ -19,8 +19,9 @@ The standard grid (shared/guides/benchmarking.md): batch * seqlen = 16384 tokens
 FLOPs: forward 4 * b * h * n^2 * d, halved when causal; backward 2.5x the forward's.
 Times are kernel times (shared/guides/benchmarking.md): the median over --reps calls of the
 GPU time between CUDA events recorded around each call, with the L2 cache flushed before each
-and the host issuing the calls back to back (the GPU stays busy, so the host's launch
-preparation is not counted; triton.testing.do_bench's method). The host time each call
+and the host issuing the calls back to back behind a kernel that holds the GPU until they
+are all queued (the GPU stays busy, so the host's launch preparation is not counted:
+triton.testing.do_bench's method, with nvbench's blocking kernel). The host time each call
 spends before it returns is a second, separate figure (host_us, median). Compilation is
 excluded. Memory: the peak device memory a call allocates beyond its inputs. --kv-heads runs
 GQA/MQA (torch: enable_gqa=True). bench/plot.py and bench/claims.py turn the JSON into the
@@ -57,31 +58,62 @@ _flush_buffers: dict = {}
 _WARM_MS = 25.0  # (triton.testing.do_bench's default warm-up)
 
 
+_SPIN_KERNEL = r"""
+extern "C" __global__ void spin(long long ns) {  // holds the stream for ns of GPU time
+    long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+_spin_kernels: dict = {}
+
+
+def _spin(cp, ms):
+    """Keep the current stream busy for `ms` of GPU time (one thread spinning on the global
+    timer), so that the host can queue what follows before the GPU reaches it."""
+    kernel = _spin_kernels.setdefault(cp.cuda.Device().id, cp.RawKernel(_SPIN_KERNEL, "spin"))
+    kernel((1,), (1,), (np.int64(ms * 1e6),))
+
+
 def median_ms(cp, fn, warmup, reps):
     """Kernel time of fn() in ms: the median over `reps` calls of the GPU time between events
     recorded on the current stream around each call, the L2 cache flushed (a 256 MiB memset)
-    before each. The calls are issued back to back with no synchronisation, so while the GPU
-    runs one flush and call, the host prepares the next: host overhead is not counted.
-    Warm-up: `warmup` calls and at least _WARM_MS of flushes and calls, so that a GPU that sat
-    idle (its SM clock falls to 345 MHz on the H200) is back at its clock before the first
-    timed call; a few calls of a 30 us kernel alone do not get it there."""
+    before each. The host queues all the calls behind a kernel that holds the GPU for longer
+    than the queueing takes (nvbench's blocking kernel), so no call waits for the host: host
+    overhead is not counted, even for calls whose Python takes longer than their GPU time.
+    (Without it, batch-1 decode steps of 15-25 us measured 70 us, the host's pace per call:
+    PERFORMANCE.md, session 6.) Warm-up: `warmup` calls and at least _WARM_MS of
+    flushes and calls, so that a GPU that sat idle (its SM clock falls to 345 MHz on the H200)
+    is back at its clock before the first timed call; a few calls of a 30 us kernel alone do
+    not get it there."""
     flush = _flush_buffers.setdefault(cp.cuda.Device().id,
                                       cp.empty(_L2_FLUSH_BYTES, dtype=cp.uint8))
     stream = cp.cuda.get_current_stream()
     t0, calls = time.perf_counter(), 0
+    issued = []  # host time to issue each flush and call (the median: not a first compile)
     while calls < warmup or (time.perf_counter() - t0) * 1e3 < _WARM_MS:
+        t1 = time.perf_counter()
         flush.fill(0)
         fn()
+        issued.append((time.perf_counter() - t1) * 1e3)
         calls += 1
         if calls % 4 == 0:  # (wall time follows the GPU's, not the host's queueing)
             stream.synchronize()
     stream.synchronize()
     events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
-    for start, end in events:
-        flush.fill(0)
-        start.record()
-        fn()
-        end.record()
+    hold_ms = 1.0 + 2.0 * reps * float(np.median(issued))
+    for _ in range(3):  # (a longer hold where the host took longer than the hold to queue)
+        _spin(cp, hold_ms)
+        t1 = time.perf_counter()
+        for start, end in events:
+            flush.fill(0)
+            start.record()
+            fn()
+            end.record()
+        if not events[0][0].done:
+            break  # (the first call had not started when the last was queued)
+        events[-1][1].synchronize()
+        hold_ms = 4 * max(hold_ms, (time.perf_counter() - t1) * 1e3)
     events[-1][1].synchronize()
     return float(np.median([cp.cuda.get_elapsed_time(s, e) for s, e in events]))
 
