@@ -310,16 +310,24 @@ fa2_decode(const DecodeParams p) {
 
 // The splits' combine: one warp per query row (batch, head, position), lanes over d.
 //     L = log sum_s e^(L_s),   O = sum_s e^(L_s - L) O_s
-// (a row no split saw: O = 0, L = -inf).
+// (a row no split saw: O = 0, L = -inf). Every split writes its O_s and L_s, O_s = 0 and
+// L_s = -inf where it saw none of the row's keys (e^(L_s - L) = 0), so the sum needs no branch
+// per split: lane s % 32 computes split s's weight e^(L_s - L), a shuffle hands it to the warp,
+// and each lane adds that split's O_s at its columns c = lane + 32 k. No load waits on
+// another, so the loads of several splits are in flight at once (a branch on each L_s made
+// every split's O_s load wait for its L_s).
+// (__launch_bounds__(128, 4): with no minimum, ptxas for sm_90 kept 40 registers and spilled.)
 template <typename T>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(128, 4)
 fa2_decode_combine(const DecodeParams p) {
+    constexpr int COLS = 256 / 32;  // columns per lane (d <= 256)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const long long rows = (long long)p.batch * p.nheads * p.seqlen_q;
     const long long row = (long long)blockIdx.x * 4 + warp;
     if (row >= rows) return;
     constexpr float LOG2E = 1.4426950408889634f;  // e^x = 2^(x log2(e))
-    const int S = p.num_splits;
+    const int S = p.num_splits, d = p.d;
+    // L = top + log sum_s e^(L_s - top), top = max_s L_s (lanes over s, then the warp)
     float top = CUFLASH_NEG_INF;
     for (int s = lane; s < S; s += 32) top = fmaxf(top, p.lse_partial[s * rows + row]);
 #pragma unroll
@@ -331,20 +339,32 @@ fa2_decode_combine(const DecodeParams p) {
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
     const float L = total == 0.f ? CUFLASH_NEG_INF : top_safe + logf(total);
+
+    // O = sum_s e^(L_s - L) O_s, 32 splits per round (their weights one per lane)
+    float acc[COLS];
+#pragma unroll
+    for (int k = 0; k < COLS; ++k) acc[k] = 0.f;
+    for (int s0 = 0; s0 < S && total != 0.f; s0 += 32) {  // (total: the same on every lane)
+        const float w_lane =
+            s0 + lane < S ? exp2_approx((p.lse_partial[(s0 + lane) * rows + row] - L) * LOG2E)
+                          : 0.f;
+        const int n = min(32, S - s0);
+#pragma unroll 4
+        for (int j = 0; j < n; ++j) {
+            const float w = __shfl_sync(0xffffffffu, w_lane, j);
+            const float* o_s = p.o_partial + ((s0 + j) * rows + row) * d;
+#pragma unroll
+            for (int k = 0; k < COLS; ++k)
+                if (lane + 32 * k < d) acc[k] = fmaf(w, o_s[lane + 32 * k], acc[k]);
+        }
+    }
     // (b, h, i) of this row, for O's strides
     const int i = row % p.seqlen_q, h = (row / p.seqlen_q) % p.nheads;
     const int b = row / ((long long)p.seqlen_q * p.nheads);
     elem_t* out = p.o + b * p.o_stride_b + i * p.o_stride_s + h * p.o_stride_h;
-    for (int c = lane; c < p.d; c += 32) {
-        float acc = 0.f;
-        for (int s = 0; s < S; ++s) {
-            const float ls = p.lse_partial[s * rows + row];
-            if (ls != CUFLASH_NEG_INF)
-                acc = fmaf(exp2_approx((ls - L) * LOG2E), p.o_partial[(s * rows + row) * p.d + c],
-                           acc);
-        }
-        out[c] = T::from_float(acc);
-    }
+#pragma unroll
+    for (int k = 0; k < COLS; ++k)
+        if (lane + 32 * k < d) out[lane + 32 * k] = T::from_float(acc[k]);
     if (lane == 0) p.lse[row] = L;
 }
 
