@@ -506,12 +506,16 @@ def _table() -> dict:
 
     # decode (kernels/fa2_decode.cu; every class, the first that fits): four warps, as many
     # keys per column block and K/V buffers per warp as fit, so that many bytes of K and V are
-    # in flight per SM (memory-bound). Chosen to fit, not yet measured.
+    # in flight per SM (memory-bound). d 128: eight warps of 16-key blocks first, from the
+    # H200 sweep of 2026-12-01 (bench/results/session6/b1_sweep.log, 32/8 heads, bf16): at
+    # their best split 1-3% faster than 32x4x3 at batch 1 and 4 (7% at batch 1 x 1k keys),
+    # within 1% of it at batch 16 and 64. The other buckets: chosen to fit, not measured.
     # (kept: the first candidate that fits each shared-memory size the GPUs have, those of
     # ARCH_SMEM below: 227, 163 and 99 KB)
     for HD in HEAD_DIM_BUCKETS:
         candidates = [DecodeConfig(HD, B_c, w, st) for B_c, w, st in
-                      ((64, 4, 3), (32, 4, 3), (32, 4, 2), (16, 4, 2), (16, 2, 2))
+                      ((16, 8, 3),) * (HD == 128)
+                      + ((64, 4, 3), (32, 4, 3), (32, 4, 2), (16, 4, 2), (16, 2, 2))
                       if B_c * HD <= 8192]
         firsts = [next(c for c in candidates if c.smem_bytes <= smem)
                   for smem in (227 * 1024, 163 * 1024, 99 * 1024)]

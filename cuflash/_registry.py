@@ -265,6 +265,9 @@ def decode_plan(dtype_name: str, HD: int, causal: bool, max_smem: int, local: bo
     """The decode's three kernels: the split attention, the splits' combine, the append
     (config: an explicit DecodeConfig, the tests'; else the table's tile for this GPU)."""
     cfg = config or _plan.decode_config(HD, max_smem)
+    if cfg.smem_bytes > max_smem:  # (an explicit tile: the launch would fail with no reason)
+        raise ValueError(f"decode tile {cfg} needs {cfg.smem_bytes} bytes of shared memory per "
+                         f"thread block; this GPU gives at most {max_smem}")
     return Plan(cfg, _plan.decode_kernel_names(dtype_name, cfg, causal, local, hooked),
                 {"main": cfg.smem_bytes, "combine": 0, "append": 0})
 
@@ -281,11 +284,12 @@ def decode_combine_grid(rows: int) -> tuple:
 
 
 def decode_num_splits(batch: int, units: int, row_tiles: int, seqlen_k: int, slots: int,
-                      B_c: int) -> int:
-    """num_splits=0's choice (cuflash/reference.py num_splits_for: fill the GPU's SMs; slots:
-    the SMs times the tile's thread blocks per SM)."""
+                      cfg) -> int:
+    """num_splits=0's choice for tile cfg (cuflash/reference.py num_splits_for; slots: the SMs
+    times the tile's thread blocks per SM)."""
     from . import reference
-    return reference.num_splits_for(batch, units, row_tiles, seqlen_k, slots, B_c)
+    return reference.num_splits_for(batch, units, row_tiles, seqlen_k, slots, cfg.B_c,
+                                     cfg.nwarps)
 
 
 FA2_DECODE = Variant(

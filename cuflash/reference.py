@@ -827,21 +827,28 @@ def kvcache_splits(seqlen_k: int, B_c: int, num_splits: int) -> list:
     return [(min(s * per, T_c), min((s + 1) * per, T_c)) for s in range(num_splits)]
 
 
-def num_splits_for(batch: int, heads_k: int, row_tiles: int, seqlen_k: int, num_sms: int,
-                   B_c: int, max_splits: int = 64) -> int:
-    """How many splits of the key range fill a GPU of num_sms SMs: 1 when batch x heads_k x
-    row_tiles thread blocks already make most of a wave; else the fewest splits within 5% of
-    the best wave efficiency (thread blocks / (waves x SMs)), at most one split per two column
-    blocks (each split should stream a few blocks) and at most max_splits."""
+def num_splits_for(batch: int, heads_k: int, row_tiles: int, seqlen_k: int, num_slots: int,
+                   B_c: int, nwarps: int = 4, max_splits: int = 64) -> int:
+    """How many splits of the key range a decode launch takes (num_splits=0). num_slots: the
+    thread blocks the GPU holds at once (SMs x blocks per SM). From the H200 sweep of
+    2026-12-01 (PERFORMANCE.md): a thread block costs a few microseconds of its own (Q, the
+    pipeline's fill, the warps' combine, its partials), and at batch 1 blocks on half the SMs
+    read as fast as blocks on all of them. So:
+    - the blocks aim at half the slots: 1 split when batch x heads_k x row_tiles blocks
+      already make 80% of that;
+    - each warp streams at least 8 column blocks of its split;
+    - else the fewest splits within 5% of the best wave efficiency over half the slots
+      (thread blocks / (waves x slots / 2)), at most max_splits."""
     tiles = batch * heads_k * row_tiles
-    if tiles == 0 or tiles >= 0.8 * num_sms:  # (no tiles: nothing to split)
+    target = max(1, num_slots // 2)
+    if tiles == 0 or tiles >= 0.8 * target:  # (no tiles: nothing to split)
         return 1
     T_c = -(-seqlen_k // B_c)
-    top = max(1, min(max_splits, T_c // 2))
+    top = max(1, min(max_splits, T_c // (8 * nwarps)))
 
     def efficiency(s):
         n = tiles * s
-        return n / (-(-n // num_sms) * num_sms)
+        return n / (-(-n // target) * target)
 
     best = max(efficiency(s) for s in range(1, top + 1))
     return next(s for s in range(1, top + 1) if efficiency(s) >= 0.95 * best)

@@ -33,7 +33,7 @@ def test_gqa_decode_splits_and_combines(launches):
     q, kc, vc = _arrays(3, 1, 32, 8, 128, 4096)
     out, lse = _kvcache.forward_kvcache(q, kc, vc, [5, 100, 4000])
     cfg = _plan.decode_config(128, 227 * 1024)
-    splits = reference.num_splits_for(3, 8, 1, 4000, 132, cfg.B_c)
+    splits = reference.num_splits_for(3, 8, 1, 4000, 132, cfg.B_c, cfg.nwarps)
     assert splits > 1
     (main, grid, block, smem, p), (comb, cgrid, cblock, _, cp_) = launches
     names = _plan.decode_kernel_names("bfloat16", cfg, False)
@@ -61,10 +61,22 @@ def test_split_choice_counts_the_tiles_an_sm_holds(launches):
         launches.clear()
         _kvcache._forward_kvcache(q, kc, vc, [8000], None, None, None, False, None, (-1, -1),
                                   0.0, None, 0, False, cfg)
-        splits = reference.num_splits_for(1, 8, 1, 8000, slots, cfg.B_c)
+        splits = reference.num_splits_for(1, 8, 1, 8000, slots, cfg.B_c, cfg.nwarps)
         assert launches[0][1] == (splits, 8, 1)
     assert reference.num_splits_for(1, 8, 1, 8000, 264, 16) > \
         reference.num_splits_for(1, 8, 1, 8000, 132, 16)
+
+
+def test_tile_too_large_for_the_gpu_is_refused(launches):
+    """An explicit tile whose shared memory exceeds the GPU's per-block limit is refused with
+    the reason, before any launch (the driver's own answer is a bare invalid argument)."""
+    q, kc, vc = _arrays(1, 1, 32, 8, 128, 1024)
+    huge = _plan.DecodeConfig(128, 32, 8, 2)  # 2 x 8 x 2 x 2 x 32 x 128 bytes of K/V rings
+    assert huge.smem_bytes > 227 * 1024
+    with pytest.raises(ValueError, match="shared memory"):
+        _kvcache._forward_kvcache(q, kc, vc, [1000], None, None, None, False, None, (-1, -1),
+                                  0.0, None, 0, False, huge)
+    assert not launches
 
 
 def test_paged_append_one_split(launches):

@@ -105,15 +105,21 @@ def test_kvcache_splits_cover_the_key_range_in_order():
         assert covered == list(range(-(-n // B_c)))
 
 
-def test_num_splits_fills_the_gpu():
-    # a full grid already: one split
+def test_num_splits_fills_half_the_gpu():
+    # a full grid already (80% of half the slots): one split
     assert ref.num_splits_for(64, 8, 1, 32768, 132, 64) == 1
-    # decode at batch 1 on 8 KV heads over 32k keys: splits until the grid fills 132 SMs
+    assert ref.num_splits_for(8, 8, 1, 32768, 132, 64) == 1
+    # decode at batch 1 on 8 KV heads over 32k keys: splits until the blocks fill half of
+    # 132 slots, not all of them
     s = ref.num_splits_for(1, 8, 1, 32768, 132, 64)
-    assert s > 1 and 8 * s >= 0.8 * 132
-    # never more splits than half the column blocks (each split streams a few blocks)
-    assert ref.num_splits_for(1, 1, 1, 256, 132, 64) <= 2
-    assert ref.num_splits_for(1, 1, 1, 64, 132, 64) == 1
+    assert 8 * s >= 0.8 * 66 and 8 * s <= 66
+    # each warp streams at least 8 column blocks of its split
+    for nwarps in (4, 8):
+        for T_c in (8, 64, 256, 1024):
+            s = ref.num_splits_for(1, 1, 1, T_c * 64, 132, 64, nwarps)
+            assert s == 1 or T_c // s >= 8 * nwarps
+    assert ref.num_splits_for(1, 1, 1, 64 * 64, 132, 64, 8) == 1
+    assert ref.num_splits_for(1, 1, 1, 64 * 64, 132, 64, 4) == 2
 
 
 @pytest.mark.parametrize("seqlens, table, msg", [
