@@ -71,8 +71,10 @@ _spin_kernels: dict = {}
 def _spin(cp, ms):
     """Keep the current stream busy for `ms` of GPU time (one thread spinning on the global
     timer), so that the host can queue what follows before the GPU reaches it."""
-    kernel = _spin_kernels.setdefault(cp.cuda.Device().id, cp.RawKernel(_SPIN_KERNEL, "spin"))
-    kernel((1,), (1,), (np.int64(ms * 1e6),))
+    device = cp.cuda.Device().id
+    if device not in _spin_kernels:
+        _spin_kernels[device] = cp.RawKernel(_SPIN_KERNEL, "spin")
+    _spin_kernels[device]((1,), (1,), (np.int64(ms * 1e6),))
 
 
 def median_ms(cp, fn, warmup, reps):
@@ -86,8 +88,10 @@ def median_ms(cp, fn, warmup, reps):
     flushes and calls, so that a GPU that sat idle (its SM clock falls to 345 MHz on the H200)
     is back at its clock before the first timed call; a few calls of a 30 us kernel alone do
     not get it there."""
-    flush = _flush_buffers.setdefault(cp.cuda.Device().id,
-                                      cp.empty(_L2_FLUSH_BYTES, dtype=cp.uint8))
+    device = cp.cuda.Device().id
+    if device not in _flush_buffers:  # (one per GPU, made once: not 256 MiB per call)
+        _flush_buffers[device] = cp.empty(_L2_FLUSH_BYTES, dtype=cp.uint8)
+    flush = _flush_buffers[device]
     stream = cp.cuda.get_current_stream()
     t0, calls = time.perf_counter(), 0
     issued = []  # host time to issue each flush and call (the median: not a first compile)

@@ -255,11 +255,12 @@ def _check_no_overlap(outputs: dict, others: dict) -> None:
 def _overlapping(ranges: dict, outputs: list):
     """The first (output, other) whose [first, last) byte ranges in `ranges` (name -> range)
     intersect, an output's empty range intersecting nothing; None if none do."""
+    others = [n for n in ranges if n not in outputs]
     for i, name in enumerate(outputs):
         lo, hi = ranges[name]
         if lo == hi:
             continue
-        for other in outputs[i + 1:] + [n for n in ranges if n not in outputs]:
+        for other in outputs[i + 1:] + others:
             olo, ohi = ranges[other]
             if olo < hi and lo < ohi:
                 return name, other

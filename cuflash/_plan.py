@@ -507,9 +507,10 @@ def _table() -> dict:
     # decode (kernels/fa2_decode.cu; every class, the first that fits): four warps, as many
     # keys per column block and K/V buffers per warp as fit, so that many bytes of K and V are
     # in flight per SM (memory-bound). d 128: eight warps of 16-key blocks first, from the
-    # H200 sweep of 2026-12-01 (bench/results/session6/b1_sweep.log, 32/8 heads, bf16): at
-    # their best split 1-3% faster than 32x4x3 at batch 1 and 4 (7% at batch 1 x 1k keys),
-    # within 1% of it at batch 16 and 64. The other buckets: chosen to fit, not measured.
+    # H200 sweeps of 2026-12-01 (bench/results/session6/b1_sweep*.log, 32/8 heads, bf16): at
+    # each tile's best split 0.5-3% faster than 32x4x3 at batch 1 and 4 in the first sweep,
+    # within 1% in the second; with one split at batch 1 x 1k 2-7% faster; within 1.5% at
+    # batch 16 and 64 (decode_sweep.log). The other buckets: chosen to fit, not measured.
     # (kept: the first candidate that fits each shared-memory size the GPUs have, those of
     # ARCH_SMEM below: 227, 163 and 99 KB)
     for HD in HEAD_DIM_BUCKETS:
