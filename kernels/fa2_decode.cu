@@ -82,9 +82,70 @@ struct CacheRows {
 
     __device__ __forceinline__ elem_t* row(int j) const {
         if (table == nullptr) return base + j * stride_s;
-        return base + table[j / page_size] * stride_b + (j % page_size) * stride_s;
+        return row_in(table[j / page_size], j);
+    }
+    // Paged: row j, its page (table[j / page_size]) looked up already.
+    __device__ __forceinline__ elem_t* row_in(int page, int j) const {
+        return base + page * stride_b + (j % page_size) * stride_s;
     }
 };
+
+// The merge of one query row's splits (split-KV), by one warp, lanes over d:
+//     L = log sum_s e^(L_s),   O = sum_s e^(L_s - L) O_s
+// (a row no split saw: O = 0, L = -inf). rows: batch x heads x seqlen_q, row: (b, h, i)'s
+// index among them. Every split writes its O_s and L_s, O_s = 0 and L_s = -inf where it saw
+// none of the row's keys (e^(L_s - L) = 0), so the sum needs no branch per split: lane s % 32
+// computes split s's weight e^(L_s - L), a shuffle hands it to the warp, and each lane adds
+// that split's O_s at its columns c = lane + 32 k. No load waits on another, so the loads of
+// several splits are in flight at once. (The partials are read from L2, __ldcg: fa2_decode's
+// blocks wrote them.)
+template <typename T>
+__device__ __forceinline__ void merge_splits(const DecodeParams& p, long long rows,
+                                             long long row, int lane) {
+    constexpr int COLS = 256 / 32;  // columns per lane (d <= 256)
+    constexpr float LOG2E = 1.4426950408889634f;  // e^x = 2^(x log2(e))
+    const int S = p.num_splits, d = p.d;
+    // L = top + log sum_s e^(L_s - top), top = max_s L_s (lanes over s, then the warp)
+    float top = CUFLASH_NEG_INF;
+    for (int s = lane; s < S; s += 32) top = fmaxf(top, __ldcg(p.lse_partial + s * rows + row));
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, off));
+    const float top_safe = top == CUFLASH_NEG_INF ? 0.f : top;
+    float total = 0.f;
+    for (int s = lane; s < S; s += 32)
+        total += exp2_approx((__ldcg(p.lse_partial + s * rows + row) - top_safe) * LOG2E);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
+    const float L = total == 0.f ? CUFLASH_NEG_INF : top_safe + logf(total);
+
+    // O = sum_s e^(L_s - L) O_s, 32 splits per round (their weights one per lane)
+    float acc[COLS];
+#pragma unroll
+    for (int k = 0; k < COLS; ++k) acc[k] = 0.f;
+    for (int s0 = 0; s0 < S && total != 0.f; s0 += 32) {  // (total: the same on every lane)
+        const float w_lane =
+            s0 + lane < S
+                ? exp2_approx((__ldcg(p.lse_partial + (s0 + lane) * rows + row) - L) * LOG2E)
+                : 0.f;
+        const int n = min(32, S - s0);
+#pragma unroll 4
+        for (int j = 0; j < n; ++j) {
+            const float w = __shfl_sync(0xffffffffu, w_lane, j);
+            const float* o_s = p.o_partial + ((s0 + j) * rows + row) * d;
+#pragma unroll
+            for (int k = 0; k < COLS; ++k)
+                if (lane + 32 * k < d) acc[k] = fmaf(w, __ldcg(o_s + lane + 32 * k), acc[k]);
+        }
+    }
+    // (b, h, i) of this row, for O's strides
+    const int i = row % p.seqlen_q, h = (row / p.seqlen_q) % p.nheads;
+    const int b = row / ((long long)p.seqlen_q * p.nheads);
+    elem_t* out = p.o + b * p.o_stride_b + i * p.o_stride_s + h * p.o_stride_h;
+#pragma unroll
+    for (int k = 0; k < COLS; ++k)
+        if (lane + 32 * k < d) out[lane + 32 * k] = T::from_float(acc[k]);
+    if (lane == 0) p.lse[row] = L;
+}
 
 // Q, O: (batch, seqlen_q, heads, d); K, V caches as above; L (batch, heads, seqlen_q) float32.
 // (__launch_bounds__: one block per SM is the plan, shared memory allows no more; without the
@@ -148,9 +209,23 @@ fa2_decode(const DecodeParams p) {
     // sizes, and head-dim buckets whose rows the warp does not cover in whole rows per copy
     // (96, 160, 192, 224: 32 % (HD / 8) != 0; the unrolled segments spill there), go row by
     // row through the block table, an address per 16-byte copy.
-    constexpr int SEG = 16;
+    // Paged, by segment: the pages of a block's segments are looked up one block ahead
+    // (fetch_pages for block t + STAGES while block t + STAGES - 1's copies are issued), so a
+    // segment's copies do not wait on its block-table load.
+    constexpr int SEG = 16, SEGS = B_c / SEG;
     const bool by_segment =
         (32 % NC == 0) && (rows_k.table == nullptr || p.page_size % SEG == 0);
+    const bool prefetch_pages = by_segment && rows_k.table != nullptr;
+    int pages[SEGS];  // pages of the next block's segments (prefetch_pages)
+    auto fetch_pages = [&](int t) {
+        const int col0 = (begin + warp + t * NWARPS) * B_c;
+#pragma unroll
+        for (int sg = 0; sg < SEGS; ++sg) {
+            const int key0 = col0 + sg * SEG;
+            pages[sg] = prefetch_pages && t < mine && key0 < seqlen_k
+                            ? rows_k.table[key0 / p.page_size] : 0;
+        }
+    };
     auto load_kv = [&](int t) {
         const int col0 = (begin + warp + t * NWARPS) * B_c;
         elem_t* sk = my_kv + (t % STAGES) * 2 * Tile::KV_ELEMS;
@@ -158,15 +233,17 @@ fa2_decode(const DecodeParams p) {
         if constexpr (32 % NC == 0) {
             if (by_segment) {
 #pragma unroll
-                for (int sg = 0; sg < B_c / SEG; ++sg) {
+                for (int sg = 0; sg < SEGS; ++sg) {
                     const int key0 = col0 + sg * SEG, rows_valid = seqlen_k - key0;
                     const bool any = rows_valid > 0;
-                    load_tile_async<SEG, HD, 32, false>(sk + sg * SEG * HD,
-                                                        any ? rows_k.row(key0) : p.k,
-                                                        rows_k.stride_s, rows_valid, chunks, lane);
-                    load_tile_async<SEG, HD, 32, false>(sv + sg * SEG * HD,
-                                                        any ? rows_v.row(key0) : p.v,
-                                                        rows_v.stride_s, rows_valid, chunks, lane);
+                    load_tile_async<SEG, HD, 32, false>(
+                        sk + sg * SEG * HD, !any ? p.k : prefetch_pages
+                            ? rows_k.row_in(pages[sg], key0) : rows_k.row(key0),
+                        rows_k.stride_s, rows_valid, chunks, lane);
+                    load_tile_async<SEG, HD, 32, false>(
+                        sv + sg * SEG * HD, !any ? p.v : prefetch_pages
+                            ? rows_v.row_in(pages[sg], key0) : rows_v.row(key0),
+                        rows_v.stride_s, rows_valid, chunks, lane);
                 }
                 return;
             }
@@ -183,9 +260,11 @@ fa2_decode(const DecodeParams p) {
     // The first STAGES - 1 blocks in flight (one cp.async group each, empty past `mine`).
 #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) {
+        fetch_pages(t);
         if (t < mine) load_kv(t);
         cp_async_commit();
     }
+    fetch_pages(STAGES - 1);
     cp_async_wait<STAGES - 1>();  // Q (the oldest group)
     __syncthreads();              // ... every thread's rows of it
 
@@ -206,6 +285,7 @@ fa2_decode(const DecodeParams p) {
         __syncwarp();                 // ... and every lane's; all done with block t - 1
         if (t + STAGES - 1 < mine) load_kv(t + STAGES - 1);  // into block t - 1's buffers
         cp_async_commit();
+        fetch_pages(t + STAGES);  // (consumed next step)
         const int col0 = (begin + warp + t * NWARPS) * B_c;
         const elem_t* sk = my_kv + (t % STAGES) * 2 * Tile::KV_ELEMS;
         const elem_t* sv = sk + Tile::KV_ELEMS;
@@ -308,64 +388,14 @@ fa2_decode(const DecodeParams p) {
     }
 }
 
-// The splits' combine: one warp per query row (batch, head, position), lanes over d.
-//     L = log sum_s e^(L_s),   O = sum_s e^(L_s - L) O_s
-// (a row no split saw: O = 0, L = -inf). Every split writes its O_s and L_s, O_s = 0 and
-// L_s = -inf where it saw none of the row's keys (e^(L_s - L) = 0), so the sum needs no branch
-// per split: lane s % 32 computes split s's weight e^(L_s - L), a shuffle hands it to the warp,
-// and each lane adds that split's O_s at its columns c = lane + 32 k. No load waits on
-// another, so the loads of several splits are in flight at once (a branch on each L_s made
-// every split's O_s load wait for its L_s).
+// The splits' combine (split-KV), after fa2_decode: a warp per query row (merge_splits).
 // (__launch_bounds__(128, 4): with no minimum, ptxas for sm_90 kept 40 registers and spilled.)
 template <typename T>
 __global__ void __launch_bounds__(128, 4)
 fa2_decode_combine(const DecodeParams p) {
-    constexpr int COLS = 256 / 32;  // columns per lane (d <= 256)
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const long long rows = (long long)p.batch * p.nheads * p.seqlen_q;
-    const long long row = (long long)blockIdx.x * 4 + warp;
-    if (row >= rows) return;
-    constexpr float LOG2E = 1.4426950408889634f;  // e^x = 2^(x log2(e))
-    const int S = p.num_splits, d = p.d;
-    // L = top + log sum_s e^(L_s - top), top = max_s L_s (lanes over s, then the warp)
-    float top = CUFLASH_NEG_INF;
-    for (int s = lane; s < S; s += 32) top = fmaxf(top, p.lse_partial[s * rows + row]);
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, off));
-    const float top_safe = top == CUFLASH_NEG_INF ? 0.f : top;
-    float total = 0.f;
-    for (int s = lane; s < S; s += 32)
-        total += exp2_approx((p.lse_partial[s * rows + row] - top_safe) * LOG2E);
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
-    const float L = total == 0.f ? CUFLASH_NEG_INF : top_safe + logf(total);
-
-    // O = sum_s e^(L_s - L) O_s, 32 splits per round (their weights one per lane)
-    float acc[COLS];
-#pragma unroll
-    for (int k = 0; k < COLS; ++k) acc[k] = 0.f;
-    for (int s0 = 0; s0 < S && total != 0.f; s0 += 32) {  // (total: the same on every lane)
-        const float w_lane =
-            s0 + lane < S ? exp2_approx((p.lse_partial[(s0 + lane) * rows + row] - L) * LOG2E)
-                          : 0.f;
-        const int n = min(32, S - s0);
-#pragma unroll 4
-        for (int j = 0; j < n; ++j) {
-            const float w = __shfl_sync(0xffffffffu, w_lane, j);
-            const float* o_s = p.o_partial + ((s0 + j) * rows + row) * d;
-#pragma unroll
-            for (int k = 0; k < COLS; ++k)
-                if (lane + 32 * k < d) acc[k] = fmaf(w, o_s[lane + 32 * k], acc[k]);
-        }
-    }
-    // (b, h, i) of this row, for O's strides
-    const int i = row % p.seqlen_q, h = (row / p.seqlen_q) % p.nheads;
-    const int b = row / ((long long)p.seqlen_q * p.nheads);
-    elem_t* out = p.o + b * p.o_stride_b + i * p.o_stride_s + h * p.o_stride_h;
-#pragma unroll
-    for (int k = 0; k < COLS; ++k)
-        if (lane + 32 * k < d) out[lane + 32 * k] = T::from_float(acc[k]);
-    if (lane == 0) p.lse[row] = L;
+    const long long row = (long long)blockIdx.x * 4 + threadIdx.x / 32;
+    if (row < rows) merge_splits<T>(p, rows, row, threadIdx.x % 32);
 }
 
 // k, v (batch, seqlen_new, heads_k, d): written into the cache at rows cache_seqlens[b] ..
