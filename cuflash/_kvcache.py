@@ -255,7 +255,7 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
             sms = int(_api._device_properties(cupy, device_id)["multiProcessorCount"])
             slots = sms * cfg.blocks_per_sm(_api._max_smem(cupy, device_id))
             num_splits = _registry.decode_num_splits(batch, units, row_tiles, longest, slots,
-                                                     cfg)
+                                                     cfg, paged)
         partial = {}
         if num_splits > 1:
             rows = batch * nheads * seqlen_q

@@ -284,12 +284,12 @@ def decode_combine_grid(rows: int) -> tuple:
 
 
 def decode_num_splits(batch: int, units: int, row_tiles: int, seqlen_k: int, slots: int,
-                      cfg) -> int:
+                      cfg, paged: bool) -> int:
     """num_splits=0's choice for tile cfg (cuflash/reference.py num_splits_for; slots: the SMs
     times the tile's thread blocks per SM)."""
     from . import reference
     return reference.num_splits_for(batch, units, row_tiles, seqlen_k, slots, cfg.B_c,
-                                     cfg.nwarps)
+                                     cfg.nwarps, paged)
 
 
 FA2_DECODE = Variant(

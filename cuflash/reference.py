@@ -828,23 +828,25 @@ def kvcache_splits(seqlen_k: int, B_c: int, num_splits: int) -> list:
 
 
 def num_splits_for(batch: int, heads_k: int, row_tiles: int, seqlen_k: int, num_slots: int,
-                   B_c: int, nwarps: int = 4, max_splits: int = 64) -> int:
+                   B_c: int, nwarps: int = 4, paged: bool = False, max_splits: int = 64) -> int:
     """How many splits of the key range a decode launch takes (num_splits=0). num_slots: the
     thread blocks the GPU holds at once (SMs x blocks per SM). From the H200 sweep of
     2026-12-01 (PERFORMANCE.md): a thread block costs a few microseconds of its own (Q, the
     pipeline's fill, the warps' combine, its partials), and at batch 1 blocks on half the SMs
     read as fast as blocks on all of them. So:
-    - the blocks aim at half the slots: 1 split when batch x heads_k x row_tiles blocks
-      already make 80% of that;
-    - each warp streams at least 8 column blocks of its split;
+    - the blocks aim at half the slots (a paged cache: all of them; at batch 1 its block-table
+      loads took 1.15-1.4x the contiguous time on half the SMs, 1.01-1.05x on all): 1 split
+      when batch x heads_k x row_tiles blocks already make 80% of that;
+    - each warp streams at least 2 column blocks of its split (with 3 K/V buffers, both in
+      flight at once);
     - else the fewest splits within 5% of the best wave efficiency over half the slots
-      (thread blocks / (waves x slots / 2)), at most max_splits."""
+      (thread blocks / (waves x the slots aimed at)), at most max_splits."""
     tiles = batch * heads_k * row_tiles
-    target = max(1, num_slots // 2)
+    target = num_slots if paged else max(1, num_slots // 2)
     if tiles == 0 or tiles >= 0.8 * target:  # (no tiles: nothing to split)
         return 1
     T_c = -(-seqlen_k // B_c)
-    top = max(1, min(max_splits, T_c // (8 * nwarps)))
+    top = max(1, min(max_splits, T_c // (2 * nwarps)))
 
     def efficiency(s):
         n = tiles * s

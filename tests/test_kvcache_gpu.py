@@ -111,6 +111,38 @@ def test_decode_split_counts(num_splits):
     run_decode([5, 3000, 8191], 32, 8, 128, DTYPES["bf16"], num_splits=num_splits)
 
 
+def test_decode_split_merge_repeats_and_streams():
+    """Split-KV's partials and their merge, called again and again: 30 calls in a row on one
+    stream, then calls alternating between two streams with two shapes (the partials'
+    buffers recycled by CuPy's pool on each stream), all equal to the first call's result,
+    bit for bit."""
+    dt = DTYPES["bf16"]
+    kc, vc = rand(cp, (2, 3000, 8, 128), dt), rand(cp, (2, 3000, 8, 128), dt)
+    q = rand(cp, (2, 1, 32, 128), dt, 2.0)
+    lens = cp.asarray([2999, 1500], dtype=cp.int32)
+    want, want_lse = cuflash.forward_kvcache(q, kc, vc, lens, num_splits=5)
+    small_q = q[:1, :, :8]
+    small_k, small_v = kc[:1, :, :2], vc[:1, :, :2]
+    small, small_lse = cuflash.forward_kvcache(small_q, small_k, small_v, lens[:1], num_splits=7)
+    for _ in range(30):
+        out, lse = cuflash.forward_kvcache(q, kc, vc, lens, num_splits=5)
+        assert cp.array_equal(out, want) and cp.array_equal(lse, want_lse)
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
+    cp.cuda.Device().synchronize()
+    got = []
+    for i in range(20):
+        with streams[i % 2]:
+            if i % 4 < 2:
+                got.append((cuflash.forward_kvcache(q, kc, vc, lens, num_splits=5), want,
+                            want_lse))
+            else:
+                got.append((cuflash.forward_kvcache(small_q, small_k, small_v, lens[:1],
+                                                    num_splits=7), small, small_lse))
+    cp.cuda.Device().synchronize()
+    for (out, lse), ref_out, ref_lse in got:
+        assert cp.array_equal(out, ref_out) and cp.array_equal(lse, ref_lse)
+
+
 def test_decode_long_cache():
     run_decode([70000], 32, 8, 128, DTYPES["bf16"])
     run_decode([65536, 1], 8, 1, 64, DTYPES["fp16"], page=256)

@@ -113,13 +113,18 @@ def test_num_splits_fills_half_the_gpu():
     # 132 slots, not all of them
     s = ref.num_splits_for(1, 8, 1, 32768, 132, 64)
     assert 8 * s >= 0.8 * 66 and 8 * s <= 66
-    # each warp streams at least 8 column blocks of its split
+    # each warp streams at least 2 column blocks of its split
     for nwarps in (4, 8):
         for T_c in (8, 64, 256, 1024):
             s = ref.num_splits_for(1, 1, 1, T_c * 64, 132, 64, nwarps)
-            assert s == 1 or T_c // s >= 8 * nwarps
-    assert ref.num_splits_for(1, 1, 1, 64 * 64, 132, 64, 8) == 1
-    assert ref.num_splits_for(1, 1, 1, 64 * 64, 132, 64, 4) == 2
+            assert s == 1 or T_c // s >= 2 * nwarps
+    assert ref.num_splits_for(1, 1, 1, 8 * 64, 132, 64, 8) == 1
+    assert ref.num_splits_for(1, 1, 1, 64 * 64, 132, 64, 8) == 4
+    assert ref.num_splits_for(1, 1, 1, 64 * 64, 132, 64, 4) == 8
+    # a paged cache aims at all the slots
+    s_paged = ref.num_splits_for(1, 8, 1, 32768, 132, 64, paged=True)
+    assert 8 * s_paged >= 0.8 * 132 and s_paged > ref.num_splits_for(1, 8, 1, 32768, 132, 64)
+    assert ref.num_splits_for(8, 8, 1, 32768, 132, 64, paged=True) > 1
 
 
 @pytest.mark.parametrize("seqlens, table, msg", [
