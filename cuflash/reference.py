@@ -834,13 +834,13 @@ def num_splits_for(batch: int, heads_k: int, row_tiles: int, seqlen_k: int, num_
     2026-12-01 (PERFORMANCE.md): a thread block costs a few microseconds of its own (Q, the
     pipeline's fill, the warps' combine, its partials), and at batch 1 blocks on half the SMs
     read as fast as blocks on all of them. So:
-    - the blocks aim at half the slots (a paged cache: all of them; at batch 1 its block-table
-      loads took 1.15-1.4x the contiguous time on half the SMs, 1.01-1.05x on all): 1 split
+    - the blocks aim at half the slots (a paged cache: all of them; at batch 1 x 128k keys
+      it took 1.15-1.4x the contiguous time on half the SMs, 1.00-1.06x on all): 1 split
       when batch x heads_k x row_tiles blocks already make 80% of that;
     - each warp streams at least 2 column blocks of its split (with 3 K/V buffers, both in
       flight at once);
-    - else the fewest splits within 5% of the best wave efficiency over half the slots
-      (thread blocks / (waves x the slots aimed at)), at most max_splits."""
+    - else the fewest splits within 5% of the best wave efficiency over the slots aimed at
+      (thread blocks / (waves x those slots)), at most max_splits."""
     tiles = batch * heads_k * row_tiles
     target = num_slots if paged else max(1, num_slots // 2)
     if tiles == 0 or tiles >= 0.8 * target:  # (no tiles: nothing to split)
