@@ -19,12 +19,15 @@ callback's overhead of that kernel time.
 
 Overhead per call (the "floor" rows; --no-floor skips them): at a tiny shape where the
 kernels take a few microseconds, the wall time of one call until its result is ready, from an
-idle GPU, median of 200: cuflash inside jit, an empty buffer callback inside jit (JAX's own
+idle GPU, median of 200: a jitted one-kernel program (jax-noop: JAX's dispatch, which any
+jitted call pays), cuflash inside jit, an empty buffer callback inside jit (JAX's own
 dispatch and callback cost), the same with the forward's five buffers (empty-callback-5),
 a callback doing cuflash.jax's plumbing only (XLA's stream made current, a CuPy view of each
 buffer: callback-plumbing), jax-cudnn inside jit, cuflash.forward called from CuPy (its own
 host time plus the kernel) and the same call's host time alone (cuflash-host-only). The
-callback's overhead is cuflash-in-jit minus cuflash-from-CuPy.
+callback's overhead is cuflash-in-jit minus cuflash-from-CuPy. cuflash-in-jit minus jax-noop
+is what the callback and cuflash's host code add to a jitted call; less cuflash-host-only, the
+callback's own part.
 
 Shapes follow the standard grid (shared/guides/benchmarking.md): batch * seqlen = 16384
 tokens, heads * d = 2048, bf16. FLOPs: forward 4 b h n^2 d, halved when causal; fwd+bwd 3.5x
@@ -146,8 +149,10 @@ def floor_rows(jax, jnp, cp, d: int) -> list:
     plumbing = cjax._on_xla_stream(_plumbing_body)  # (the callbacks' own prologue)
     views = jax.jit(buffer_callback(functools.partial(plumbing, opts), outs))
     fns = providers(jax, jnp, False, "fwd")
+    noop = jax.jit(lambda q: q * 2)  # (one XLA kernel: what any jitted call pays)
     rows = []
-    for name, fn, args in (("cuflash", fns["cuflash"], (q, k, v, q)),
+    for name, fn, args in (("jax-noop", lambda q, k, v, d: noop(q), (q, k, v, q)),
+                           ("cuflash", fns["cuflash"], (q, k, v, q)),
                            ("cuflash-cb", fns["cuflash-cb"], (q, k, v, q)),
                            ("empty-callback", lambda q, k, v, d: empty(q), (q, k, v, q)),
                            ("empty-callback-5", lambda q, k, v, d: empty5(q, k, v), (q, k, v, q)),
