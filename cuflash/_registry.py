@@ -289,7 +289,7 @@ def decode_num_splits(batch: int, units: int, row_tiles: int, seqlen_k: int, slo
     times the tile's thread blocks per SM)."""
     from . import reference
     return reference.num_splits_for(batch, units, row_tiles, seqlen_k, slots, cfg.B_c,
-                                     cfg.nwarps, paged)
+                                     cfg.nwarps, paged=paged)
 
 
 FA2_DECODE = Variant(

@@ -828,7 +828,8 @@ def kvcache_splits(seqlen_k: int, B_c: int, num_splits: int) -> list:
 
 
 def num_splits_for(batch: int, heads_k: int, row_tiles: int, seqlen_k: int, num_slots: int,
-                   B_c: int, nwarps: int = 4, paged: bool = False, max_splits: int = 64) -> int:
+                   B_c: int, nwarps: int = 4, *, paged: bool = False,
+                   max_splits: int = 64) -> int:
     """How many splits of the key range a decode launch takes (num_splits=0). num_slots: the
     thread blocks the GPU holds at once (SMs x blocks per SM). From the H200 sweep of
     2026-12-01 (PERFORMANCE.md): a thread block costs a few microseconds of its own (Q, the
@@ -837,8 +838,8 @@ def num_splits_for(batch: int, heads_k: int, row_tiles: int, seqlen_k: int, num_
     - the blocks aim at half the slots (a paged cache: all of them; at batch 1 x 128k keys
       it took 1.15-1.4x the contiguous time on half the SMs, 1.00-1.06x on all): 1 split
       when batch x heads_k x row_tiles blocks already make 80% of that;
-    - each warp streams at least 2 column blocks of its split (with 3 K/V buffers, both in
-      flight at once);
+    - the splits leave each warp at least 2 column blocks on average (a 3-buffer pipeline then
+      has both in flight; the last split may be shorter);
     - else the fewest splits within 5% of the best wave efficiency over the slots aimed at
       (thread blocks / (waves x those slots)), at most max_splits."""
     tiles = batch * heads_k * row_tiles

@@ -97,8 +97,8 @@ struct CacheRows {
 // none of the row's keys (e^(L_s - L) = 0), so the sum needs no branch per split: lane s % 32
 // computes split s's weight e^(L_s - L), a shuffle hands it to the warp, and each lane adds
 // that split's O_s at its columns c = lane + 32 k. No load waits on another, so the loads of
-// several splits are in flight at once. (The partials are read from L2, __ldcg: fa2_decode's
-// blocks wrote them.)
+// several splits are in flight at once. (__ldcg: each partial is read once, no use keeping it
+// in L1.)
 template <typename T>
 __device__ __forceinline__ void merge_splits(const DecodeParams& p, long long rows,
                                              long long row, int lane) {
@@ -209,14 +209,15 @@ fa2_decode(const DecodeParams p) {
     // sizes, and head-dim buckets whose rows the warp does not cover in whole rows per copy
     // (96, 160, 192, 224: 32 % (HD / 8) != 0; the unrolled segments spill there), go row by
     // row through the block table, an address per 16-byte copy.
-    // Paged, by segment: the pages of a block's segments are looked up one block ahead
-    // (fetch_pages for block t + STAGES while block t + STAGES - 1's copies are issued), so a
-    // segment's copies do not wait on its block-table load.
+    // Paged, by segment: in the main loop each warp loads the pages of the block it will copy
+    // at the next step while it issues this step's copies (fetch_pages(t + STAGES) after
+    // load_kv(t + STAGES - 1)), so those copies do not wait on their block-table loads; the
+    // prologue's blocks look theirs up just before.
     constexpr int SEG = 16, SEGS = B_c / SEG;
     const bool by_segment =
         (32 % NC == 0) && (rows_k.table == nullptr || p.page_size % SEG == 0);
     const bool prefetch_pages = by_segment && rows_k.table != nullptr;
-    int pages[SEGS];  // pages of the next block's segments (prefetch_pages)
+    int pages[SEGS];  // the pages of the segments of the block load_kv copies next
     auto fetch_pages = [&](int t) {
         const int col0 = (begin + warp + t * NWARPS) * B_c;
 #pragma unroll

@@ -97,6 +97,14 @@ def test_decode_paged(page, h, hk):
     run_decode([3, 517, 2049], h, hk, 128, DTYPES["bf16"], page=page)
 
 
+@pytest.mark.parametrize("d", [64, 256, 96])
+@pytest.mark.parametrize("num_splits", [0, 40])
+def test_decode_paged_head_dims_and_splits(d, num_splits):
+    """Paged caches at the other head-dim buckets (64 and 256 read the block table a block
+    ahead, 96 copy by copy) and past 32 splits (the combine's second round of weights)."""
+    run_decode([3, 700, 1500], 8, 2, d, DTYPES["fp16"], page=16, num_splits=num_splits)
+
+
 @pytest.mark.parametrize("page", [None, 16])
 @pytest.mark.parametrize("seqlen_new", [1, 3])
 def test_decode_append_causal(page, seqlen_new):
