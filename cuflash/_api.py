@@ -288,15 +288,20 @@ def _odd_d_features(upper: bool, local: bool, left: int, right: int, seqlen_q: i
     return True, left, right, True
 
 
-def _window(causal: bool, window_size, seqlen_q: int, seqlen_k: int) -> tuple:
+def _window(causal: bool, window_size, seqlen_q: int, seqlen_k: int,
+            diag_shift: int = 0) -> tuple:
     """(causal, local, left, right) of a call's mask, for the kernels' Mask<causal, local>
     (kernels/mask.cuh) and the parameters' window_left / window_right. window_size = (left,
     right), FlashAttention-2's convention: query i sees key j iff i + seqlen_k - seqlen_q -
     left <= j <= i + seqlen_k - seqlen_q + right; -1 leaves a side unbounded; causal forces
     right = 0. Without a left side the window is the plain or the causal mask; a right side
-    other than causal's 0 takes the local kernels with a left side past every key."""
-    if window_size.__class__ is tuple and window_size == (-1, -1):  # (the default, at once)
-        return causal, False, 0, 0
+    other than causal's 0 takes the local kernels with a left side past every key.
+    diag_shift (ring attention's blocks, cuflash.distributed): row i's diagonal is key i +
+    seqlen_k - seqlen_q + diag_shift. The kernels' masks count from the unshifted diagonal,
+    so the shift goes into the sides (left - diag_shift, right + diag_shift, either of which
+    may then be negative) and a shifted mask is always the local kernels'."""
+    if window_size.__class__ is tuple and window_size == (-1, -1) and not diag_shift:
+        return causal, False, 0, 0  # (the default, at once)
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
             or not all(isinstance(w, (int, np.integer)) and not isinstance(w, (bool, np.bool_))
                        and w >= -1 for w in window_size)):
@@ -305,11 +310,13 @@ def _window(causal: bool, window_size, seqlen_q: int, seqlen_k: int) -> tuple:
     left, right = int(window_size[0]), int(window_size[1])
     if causal:
         right = 0
-    if left < 0 and (right < 0 or causal):
+    if left < 0 and (right < 0 or causal) and not (diag_shift and causal):
         return causal, False, 0, 0
-    if left < 0:
-        left = seqlen_q + seqlen_k  # (a left side no row reaches)
-    return right >= 0, True, left, max(right, 0)
+    if left < 0:  # (a left side no row reaches)
+        left = seqlen_q + seqlen_k + max(diag_shift, 0)
+    else:
+        left -= diag_shift
+    return right >= 0, True, left, (right + diag_shift if right >= 0 else 0)
 
 
 def _hook(cupy, softcap, alibi_slopes, q, batch=None) -> tuple:
@@ -357,14 +364,15 @@ def _softcap_fields(cap: float, scale: float) -> dict:
 
 
 def _call_features(cupy, causal, window_size, softcap, alibi_slopes, q, batch, seqlen_q,
-                   seqlen_k, d, scale, algorithm="fa2") -> tuple:
+                   seqlen_k, d, scale, algorithm="fa2", diag_shift=0) -> tuple:
     """What a forward or backward call asks of the kernels beyond plain attention: (upper,
     local, hooked, odd_d, fields). upper, local: the mask, Mask<upper, local> (_window);
     hooked: the score hook (_hook); odd_d: a head dim that is not a multiple of 8 (the OddD
     kernels, which always have the window and the hook, _odd_d_features); fields: the window's
     and the hook's parameter fields, none for a plain call (the struct's defaults turn them
-    off). algorithm "fa1" refuses each of them (FlashAttention-1's kernel has none)."""
-    upper, local, left, right = _window(causal, window_size, seqlen_q, seqlen_k)
+    off). algorithm "fa1" refuses each of them (FlashAttention-1's kernel has none).
+    diag_shift: ring attention's blocks (_window; ALiBi reads it from the parameters)."""
+    upper, local, left, right = _window(causal, window_size, seqlen_q, seqlen_k, diag_shift)
     if local and algorithm == "fa1":
         raise ValueError("window_size needs algorithm='fa2' (FlashAttention-1's kernel has no "
                          "sliding window)")
@@ -381,8 +389,8 @@ def _call_features(cupy, causal, window_size, softcap, alibi_slopes, q, batch, s
         local, left, right, hooked = _odd_d_features(upper, local, left, right, seqlen_q,
                                                      seqlen_k)
     fields = dict(window_left=left, window_right=right, alibi_slopes=slopes,
-                  alibi_stride_b=slopes_b, **_softcap_fields(cap, scale)) \
-        if local or hooked else {}
+                  alibi_stride_b=slopes_b, diag_shift=diag_shift,
+                  **_softcap_fields(cap, scale)) if local or hooked else {}
     return upper, local, hooked, odd_d, fields
 
 
@@ -701,13 +709,15 @@ def _check_algorithm(algorithm) -> None:
 
 
 def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, config,
-             window_size=(-1, -1), softcap=0.0, alibi_slopes=None, packed=None):
+             window_size=(-1, -1), softcap=0.0, alibi_slopes=None, packed=None, diag_shift=0):
     """forward(), with an explicit tile shape (`config`, a _plan.ForwardConfig or None for the
     planner's choice): the bench's and the tests' tuning hook. packed: a variable-length
     batch (forward_varlen's _Packed; q, k, v, out are then (1, total, heads, d) views and lse
-    is (heads, total_q))."""
-    key = _repeat_key(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, config,
-                      window_size, softcap, alibi_slopes, packed)
+    is (heads, total_q)). diag_shift: the masks' and ALiBi's diagonal moved by that many keys
+    (_window; ring attention's blocks)."""
+    key = None if diag_shift else _repeat_key(
+        q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, config, window_size,
+        softcap, alibi_slopes, packed)
     if key is not None:  # a call like one before: its launch again, the checks kept per call
         done = _repeats.get(key)
         done = done and done.run(_cupy(), q, k, v, out, lse)
@@ -728,7 +738,7 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
     scale = _softmax_scale(softmax_scale, d)
     upper, local, hooked, odd_d, features = _call_features(
         cupy, causal, window_size, softcap, alibi_slopes, q, batch, seqlen_q, seqlen_k, d,
-        scale, algorithm)
+        scale, algorithm, diag_shift)
     features = {**features, **fields} if features else fields
 
     with _on_device(cupy, device_id):
@@ -1219,13 +1229,13 @@ def _packed_dq_workspace(cupy, packed, cfg, nheads: int, total_q: int) -> tuple:
 
 def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq, dk, dv,
               config, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, packed=None,
-              scratch=None):
+              scratch=None, diag_shift=0):
     """backward(), with an explicit tile shape (`config`, a _plan.BackwardConfig or None for
     the planner's choice): the bench's and the tests' tuning hook. packed: a variable-length
     batch (backward_varlen's _Packed, not deterministic; dout, q, k, v, out and dq, dk, dv are
     then (1, total, heads, d) views, lse is (heads, total_q)). scratch: a uint8 CuPy array to
     carve the launches' scratch from instead of allocating it (cuflash.jax; its size:
-    _backward_scratch_bytes)."""
+    _backward_scratch_bytes). diag_shift: as _forward's."""
     causal = _check_flag("causal", causal)
     deterministic = _check_flag("deterministic", deterministic)
     cupy, device_id, layout = _check_qkv(q, k, v)
@@ -1246,7 +1256,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
     scale = _softmax_scale(softmax_scale, d)
     causal, local, hooked, odd_d, features = _call_features(
         cupy, causal, window_size, softcap, alibi_slopes, q, batch, seqlen_q, seqlen_k, d,
-        scale)
+        scale, diag_shift=diag_shift)
     if odd_d and isinstance(config, _plan.BackwardConfig):
         config = dataclasses.replace(config, odd_d=True)
 

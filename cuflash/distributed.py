@@ -42,7 +42,7 @@ from . import _api
 from .reference import _xp
 
 __all__ = ["RingComm", "ring_attention", "ring_attention_backward", "ring_attention_with_vjp",
-           "ring_steps", "zigzag_shard", "zigzag_unshard", "LAYOUTS"]
+           "ring_steps", "ring_blocks", "zigzag_shard", "zigzag_unshard", "LAYOUTS"]
 
 LAYOUTS = ("zigzag", "contiguous")
 
@@ -73,12 +73,18 @@ def zigzag_unshard(parts, axis: int = 1):
 
 @dataclasses.dataclass(frozen=True)
 class RingStep:
-    """One step's block: queries q_rows of the local chunk against keys kv_rows of the chunk
-    in hand (which came from rank `src`), with the causal mask or none."""
+    """One block of a step: queries q_rows of the local chunk against keys kv_rows of the
+    chunk in hand (which came from rank `src`). causal and window_size are the mask the
+    block's kernels apply, FlashAttention-2's convention counted from a diagonal moved by
+    diag_shift keys: row i's diagonal is key i + len(kv_rows) - len(q_rows) + diag_shift,
+    which puts the block where its queries and keys sit in the whole sequence (ALiBi's
+    distances count from the same diagonal)."""
     src: int
     q_rows: slice
     kv_rows: slice
     causal: bool
+    window_size: tuple = (-1, -1)
+    diag_shift: int = 0
 
 
 def ring_steps(rank: int, world: int, n_local: int, causal: bool, layout: str = "zigzag"):
@@ -116,6 +122,60 @@ def ring_steps(rank: int, world: int, n_local: int, causal: bool, layout: str = 
     return steps
 
 
+def _pieces(rank: int, world: int, n_local: int, layout: str) -> list:
+    """(local rows, global position of the first) of each run of consecutive positions that
+    rank `rank` holds: one (contiguous) or two (zigzag: chunks rank and 2P - 1 - rank)."""
+    if layout == "contiguous":
+        return [(slice(0, n_local), rank * n_local)]
+    if n_local % 2:
+        raise ValueError(f"zigzag layout: the local length ({n_local}) must be even "
+                         "(two chunks of equal length)")
+    c = n_local // 2
+    return [(slice(0, c), rank * c), (slice(c, n_local), (2 * world - 1 - rank) * c)]
+
+
+def ring_blocks(rank: int, world: int, n_local: int, causal: bool, layout: str = "zigzag",
+                window_size=(-1, -1), alibi: bool = False) -> list:
+    """The blocks each step of rank `rank` computes: a tuple per step (empty: nothing to
+    attend). Without a window or ALiBi, ring_steps' one block (a mask over global positions
+    that needs no position of its own). With either, every pair of consecutive runs (_pieces:
+    the local queries', the source's keys) is a block placed by its diag_shift: skipped
+    where the window and causal mask hide every key from every query, unmasked where they
+    hide none, else masked (window and causal as given, counted from the shifted diagonal).
+    Global positions: query p sees key p' iff p - left <= p' <= p + right (causal: right = 0;
+    -1: unbounded), and ALiBi's bias is -slope |p - p'|."""
+    if tuple(window_size) == (-1, -1) and not alibi:
+        return [() if s is None else (s,) for s in ring_steps(rank, world, n_local, causal,
+                                                             layout)]
+    _check_rank(rank, world)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    left, right = (int(w) for w in window_size)
+    if causal:
+        right = 0
+    steps = []
+    for s in range(world):
+        src = (rank - s) % world
+        blocks = []
+        for q_rows, q0 in _pieces(rank, world, n_local, layout):
+            for kv_rows, k0 in _pieces(src, world, n_local, layout):
+                n_q, n_k = q_rows.stop - q_rows.start, kv_rows.stop - kv_rows.start
+                diag = np.arange(n_q) + (q0 - k0)  # row i's diagonal, in the block's keys
+                hi = np.minimum(n_k - 1, diag + right) if right >= 0 else np.full(n_q, n_k - 1)
+                lo = np.maximum(0, diag - left) if left >= 0 else np.zeros(n_q, dtype=int)
+                if not (lo <= hi).any():
+                    continue  # (no query sees a key of the block)
+                shift = (q0 - k0) - (n_k - n_q)
+                if (lo == 0).all() and (hi == n_k - 1).all():  # (every query sees every key)
+                    blocks.append(RingStep(src, q_rows, kv_rows, False, (-1, -1),
+                                           shift if alibi else 0))
+                else:
+                    blocks.append(RingStep(src, q_rows, kv_rows, causal, tuple(window_size),
+                                           shift))
+        steps.append(tuple(blocks))
+    return steps
+
+
 def merge_partial(xp, out, lse, rows: slice, O_s, L_s) -> None:
     """Merge a partial (O_s, L_s) of rows `rows` into the running float32 (out, lse), in
     place: L = log(e^L + e^L_s), O = e^(L_old - L) O + e^(L_s - L) O_s; rows that saw no key
@@ -141,19 +201,20 @@ def _check_rank(rank: int, world: int) -> None:
 
 # --- the ring loop, generic over the transport and the block kernels -----------------------
 
-def _ring_forward(ring, attend, q, k, v, causal: bool, layout: str):
+def _ring_forward(ring, attend, q, k, v, causal: bool, layout: str, window_size=(-1, -1),
+                  alibi: bool = False):
     """(out, lse) of the local queries over the whole sequence. ring: the transport
-    (rank, world, exchange(sends, recvs) -> handle, wait(handle)); attend(q, k, v, causal) ->
-    (O_s, L_s), one block's FA2 forward."""
+    (rank, world, exchange(sends, recvs) -> handle, wait(handle)); attend(q, k, v, step) ->
+    (O_s, L_s), one block's FA2 forward with the RingStep's mask and diagonal."""
     xp = _xp(q)
     batch, n, heads, d = q.shape
     out = xp.zeros((batch, n, heads, d), dtype=xp.float32)
     lse = xp.full((batch, heads, n), -np.inf, dtype=xp.float32)
-    steps = ring_steps(ring.rank, ring.world, n, causal, layout)
-    for step, kv in zip(steps, _chunks_in_hand(ring, k, v)):
-        if step is not None:
+    steps = ring_blocks(ring.rank, ring.world, n, causal, layout, window_size, alibi)
+    for blocks, kv in zip(steps, _chunks_in_hand(ring, k, v)):
+        for step in blocks:
             O_s, L_s = attend(q[:, step.q_rows], kv[0][:, step.kv_rows],
-                              kv[1][:, step.kv_rows], step.causal)
+                              kv[1][:, step.kv_rows], step)
             merge_partial(xp, out, lse, step.q_rows, O_s, L_s)
     return out.astype(q.dtype), lse
 
@@ -175,8 +236,9 @@ def _chunks_in_hand(ring, k, v):
             kv, spare = spare, (kv if kv[0] is not k else None)
 
 
-def _ring_backward(ring, attend_backward, dout, q, k, v, out, lse, causal: bool, layout: str):
-    """(dq, dk, dv) of the local chunk. attend_backward(dout, q, k, v, out, lse, causal) ->
+def _ring_backward(ring, attend_backward, dout, q, k, v, out, lse, causal: bool, layout: str,
+                   window_size=(-1, -1), alibi: bool = False):
+    """(dq, dk, dv) of the local chunk. attend_backward(dout, q, k, v, out, lse, step) ->
     one block's (dq, dk, dv) from the global out and lse. dK, dV sums (float32) travel with
     their K/V chunk and come home after world exchanges."""
     xp = _xp(q)
@@ -184,20 +246,22 @@ def _ring_backward(ring, attend_backward, dout, q, k, v, out, lse, causal: bool,
     dq = xp.zeros(q.shape, dtype=xp.float32)
     dkv = (xp.zeros(k.shape, dtype=xp.float32), xp.zeros(v.shape, dtype=xp.float32))
     dkv_spare = (xp.empty_like(dkv[0]), xp.empty_like(dkv[1])) if ring.world > 1 else None
-    steps = ring_steps(ring.rank, ring.world, n, causal, layout)
+    steps = ring_blocks(ring.rank, ring.world, n, causal, layout, window_size, alibi)
     arriving = None
-    for step, kv in zip(steps, _chunks_in_hand(ring, k, v)):
-        if step is not None:
+    for blocks, kv in zip(steps, _chunks_in_hand(ring, k, v)):
+        for step in blocks:
             qr, kr = step.q_rows, step.kv_rows
             lse_rows = xp.ascontiguousarray(lse[:, :, qr])
             dq_s, dk_s, dv_s = attend_backward(dout[:, qr], q[:, qr], kv[0][:, kr],
-                                               kv[1][:, kr], out[:, qr], lse_rows, step.causal)
-        if arriving is not None:  # this chunk's dK, dV sums so far, from rank - 1
-            ring.wait(arriving)
-        if step is not None:
+                                               kv[1][:, kr], out[:, qr], lse_rows, step)
+            if arriving is not None:  # this chunk's dK, dV sums so far, from rank - 1
+                ring.wait(arriving)   # (after the first block is queued: it overlaps)
+                arriving = None
             dq[:, qr] += dq_s.astype(xp.float32)
             dkv[0][:, kr] += dk_s.astype(xp.float32)
             dkv[1][:, kr] += dv_s.astype(xp.float32)
+        if arriving is not None:  # (a step with no block)
+            ring.wait(arriving)
         if ring.world > 1:  # pass the sums on with the chunk (the last exchange brings
             arriving = ring.exchange(dkv, dkv_spare)  # this rank's own home)
             dkv, dkv_spare = dkv_spare, dkv
@@ -463,27 +527,24 @@ def _prepare(which, q, k, v, comm, causal, softmax_scale, softcap, layout, windo
              alibi_slopes) -> tuple:
     """A ring call's checks: (its RingComm, causal as a bool, k and v C-contiguous: NCCL sends
     them as bytes); the shapes and options agreed with every rank (once per key)."""
-    _check_options(window_size, alibi_slopes, layout)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    causal = _api._check_flag("causal", causal)
+    _api._window(causal, window_size, q.shape[1], k.shape[1])  # (its checks, at once)
+    window_size = tuple(int(w) for w in window_size)
     _, device_id, _ = _api._check_qkv(q, k, v)
     ring = _ring(comm)
     if device_id != ring.device:
         raise ValueError(f"q is on GPU {device_id}, the communicator on GPU {ring.device}")
-    causal = _api._check_flag("causal", causal)
+    slopes = None if alibi_slopes is None else (str(alibi_slopes.dtype), alibi_slopes.shape)
     k, v = _contiguous(k), _contiguous(v)
-    ring.agree((which, q.shape, k.shape, str(q.dtype), causal, softmax_scale, softcap, layout))
-    return ring, causal, k, v
+    ring.agree((which, q.shape, k.shape, str(q.dtype), causal, softmax_scale, softcap, layout,
+                window_size, slopes))
+    return ring, causal, k, v, window_size
 
 
 def _contiguous(x):
     return x if x.flags.c_contiguous else _api._cupy().ascontiguousarray(x)
-
-
-def _check_options(window_size, alibi_slopes, layout) -> None:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if tuple(window_size) != (-1, -1) or alibi_slopes is not None:
-        raise ValueError("window_size and alibi_slopes are not available with ring attention "
-                         "yet (the kernels take no global position offset)")
 
 
 def ring_attention(q, k, v, comm, causal: bool = False, softmax_scale: float | None = None,
@@ -498,18 +559,24 @@ def ring_attention(q, k, v, comm, causal: bool = False, softmax_scale: float | N
         (zigzag_shard: balanced) or "contiguous" (rank r holds the r-th of P equal parts).
         Without causal, any equal split works.
     softmax_scale, softcap : as :func:`cuflash.forward`.
+    window_size, alibi_slopes : as :func:`cuflash.forward`, over global positions (the
+        sequence's, not the chunk's): query p sees key p' iff p - left <= p' <= p + right, and
+        ALiBi's bias is -slope |p - p'|. The chunks must then be in `layout` also without
+        causal.
 
     Returns (out, lse) of this rank's queries over the whole sequence: out like q, lse
     float32 (batch, heads, n_local). Runs on the current stream; the transfers on the comm's.
     """
-    ring, causal, k, v = _prepare("fwd", q, k, v, comm, causal, softmax_scale, softcap,
-                                  layout, window_size, alibi_slopes)
+    ring, causal, k, v, window_size = _prepare("fwd", q, k, v, comm, causal, softmax_scale,
+                                               softcap, layout, window_size, alibi_slopes)
 
-    def attend(qb, kb, vb, block_causal):
-        return _api.forward(qb, kb, vb, causal=block_causal, softmax_scale=softmax_scale,
-                            softcap=softcap)
+    def attend(qb, kb, vb, step):
+        return _api._forward(qb, kb, vb, step.causal, softmax_scale, None, None, "fa2", False,
+                             None, step.window_size, softcap, alibi_slopes,
+                             diag_shift=step.diag_shift)
     with _api._on_device(_api._cupy(), ring.device):
-        return _ring_forward(ring, attend, q, k, v, causal, layout)
+        return _ring_forward(ring, attend, q, k, v, causal, layout, window_size,
+                             alibi_slopes is not None)
 
 
 def ring_attention_backward(dout, q, k, v, out, lse, comm, causal: bool = False,
@@ -517,25 +584,28 @@ def ring_attention_backward(dout, q, k, v, out, lse, comm, causal: bool = False,
                             layout: str = "zigzag", window_size=(-1, -1), alibi_slopes=None):
     """Gradients of :func:`ring_attention` for this rank's chunk: (dq, dk, dv) like q, k, v.
     Every rank calls it with the same options as the forward."""
-    ring, causal, k, v = _prepare("bwd", q, k, v, comm, causal, softmax_scale, softcap,
-                                  layout, window_size, alibi_slopes)
+    ring, causal, k, v, window_size = _prepare("bwd", q, k, v, comm, causal, softmax_scale,
+                                               softcap, layout, window_size, alibi_slopes)
 
-    def attend_backward(dob, qb, kb, vb, ob, lb, block_causal):
-        return _api.backward(dob, qb, kb, vb, ob, lb, causal=block_causal,
-                             softmax_scale=softmax_scale, softcap=softcap)
+    def attend_backward(dob, qb, kb, vb, ob, lb, step):
+        return _api._backward(dob, qb, kb, vb, ob, lb, step.causal, softmax_scale, False, None,
+                              None, None, None, step.window_size, softcap, alibi_slopes,
+                              diag_shift=step.diag_shift)
     with _api._on_device(_api._cupy(), ring.device):
-        return _ring_backward(ring, attend_backward, dout, q, k, v, out, lse, causal, layout)
+        return _ring_backward(ring, attend_backward, dout, q, k, v, out, lse, causal, layout,
+                              window_size, alibi_slopes is not None)
 
 
 def ring_attention_with_vjp(q, k, v, comm, causal: bool = False,
                             softmax_scale: float | None = None, *, softcap: float = 0.0,
-                            layout: str = "zigzag"):
+                            layout: str = "zigzag", window_size=(-1, -1), alibi_slopes=None):
     """``out, vjp = ring_attention_with_vjp(...)``; ``dq, dk, dv = vjp(dout)``. Residuals: q,
     k, v, out and lse of the local chunk (no N x N matrix)."""
-    out, lse = ring_attention(q, k, v, comm, causal, softmax_scale, softcap=softcap,
-                              layout=layout)
+    kw = dict(softcap=softcap, layout=layout, window_size=window_size,
+              alibi_slopes=alibi_slopes)
+    out, lse = ring_attention(q, k, v, comm, causal, softmax_scale, **kw)
 
     def vjp(dout):
         return ring_attention_backward(dout, q, k, v, out, lse, comm, causal, softmax_scale,
-                                       softcap=softcap, layout=layout)
+                                       **kw)
     return out, vjp

@@ -38,6 +38,7 @@ by KV head, the key range split into :func:`kvcache_splits`, partial O and L com
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -154,6 +155,7 @@ class Mask:
     causal: bool = False
     window_left: int = -1
     window_right: int = -1
+    diag_shift: int = 0  # row i's diagonal is key i + seqlen_k - seqlen_q + diag_shift
 
     @property
     def right(self) -> int:
@@ -176,7 +178,7 @@ class Mask:
 
     def keys(self, row):
         """(lo, hi) of query row(s) `row` (NumPy arrays broadcast); none when hi < lo."""
-        diag = np.asarray(row) + self.seqlen_k - self.seqlen_q
+        diag = np.asarray(row) + self.seqlen_k - self.seqlen_q + self.diag_shift
         hi = np.full(np.shape(row), self.seqlen_k - 1)
         if self.right >= 0:
             hi = np.minimum(hi, diag + self.right)
@@ -190,14 +192,15 @@ class Mask:
         above it)."""
         if self.right < 0:
             return 0
-        return max(0, col_lo - (self.seqlen_k - self.seqlen_q) - self.right)
+        return max(0, col_lo - (self.seqlen_k - self.seqlen_q + self.diag_shift) - self.right)
 
     def last_row(self, col_hi: int) -> int:
         """The last query row that sees a key in [..., col_hi] (a lower limit cuts rows below;
         negative when none does)."""
         if not self.LOCAL:
             return self.seqlen_q - 1
-        return min(self.seqlen_q - 1, col_hi - (self.seqlen_k - self.seqlen_q) + self.window_left)
+        return min(self.seqlen_q - 1,
+                   col_hi - (self.seqlen_k - self.seqlen_q + self.diag_shift) + self.window_left)
 
     def visible(self, xp=np):
         """Boolean (seqlen_q, seqlen_k): True where key j is visible from query i."""
@@ -217,10 +220,12 @@ class Score:
     """The score hook (mirrors kernels/score.cuh): what S_ij = Q_i K_j^T becomes before the
     softmax, as FlashAttention-2 defines it: S = scale Q K^T; then S = softcap tanh(S /
     softcap) where softcap > 0; then S = S - slope |i + seqlen_k - seqlen_q - j| where ALiBi
-    slopes are given ((nheads,) or (batch, nheads), per query head)."""
+    slopes are given ((nheads,) or (batch, nheads), per query head), the diagonal moved by
+    diag_shift keys as the Mask's."""
     scale: float
     softcap: float = 0.0
     alibi_slopes: object = None
+    diag_shift: int = 0
 
     def apply(self, xp, S_raw, rows, cols, seqlen_q: int, seqlen_k: int):
         """The hooked scores of S_raw = Q K^T, shaped (batch, heads, len(rows), len(cols)), for
@@ -233,7 +238,8 @@ class Score:
             slopes = xp.asarray(self.alibi_slopes).astype(S.dtype)
             slopes = slopes[None, :, None, None] if slopes.ndim == 1 else slopes[:, :, None, None]
             rows, cols = xp.asarray(rows), xp.asarray(cols)
-            dist = xp.abs(rows[:, None] + (seqlen_k - seqlen_q) - cols[None, :]).astype(S.dtype)
+            diag = rows[:, None] + (seqlen_k - seqlen_q + self.diag_shift)
+            dist = xp.abs(diag - cols[None, :]).astype(S.dtype)
             S = S - slopes * dist
         return S
 
@@ -247,13 +253,14 @@ class Score:
         row_bias = 0. Only visible keys keep the identity; hidden ones are masked after."""
         if self.alibi_slopes is None or not left_of_diagonal:
             return self.apply(xp, S_raw, rows, cols, seqlen_q, seqlen_k), 0.0
-        plain = Score(self.scale, self.softcap)
+        plain = Score(self.scale, self.softcap, diag_shift=self.diag_shift)
         S = plain.apply(xp, S_raw, rows, cols, seqlen_q, seqlen_k)
         slopes = xp.asarray(self.alibi_slopes).astype(S.dtype)
         slopes = slopes[None, :, None, None] if slopes.ndim == 1 else slopes[:, :, None, None]
         rows, cols = xp.asarray(rows), xp.asarray(cols)
         j0 = cols[0]
-        row_bias = -slopes * (rows[:, None] + (seqlen_k - seqlen_q) - j0).astype(S.dtype)
+        diag = rows[:, None] + (seqlen_k - seqlen_q + self.diag_shift)
+        row_bias = -slopes * (diag - j0).astype(S.dtype)
         return S + slopes * (cols[None, :] - j0).astype(S.dtype), row_bias
 
     def grad(self, xp, S_raw, dS):
@@ -268,12 +275,13 @@ class Score:
 
 
 def _features(d, softmax_scale, causal, seqlen_q, seqlen_k, window_size, softcap,
-              alibi_slopes):
-    """(Mask, Score) of a call's arguments."""
+              alibi_slopes, diag_shift=0):
+    """(Mask, Score) of a call's arguments. diag_shift: row i's diagonal is key i + seqlen_k -
+    seqlen_q + diag_shift (ring attention's blocks: cuflash.distributed)."""
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     left, right = window_size
-    return (Mask(seqlen_q, seqlen_k, causal, int(left), int(right)),
-            Score(scale, float(softcap), alibi_slopes))
+    return (Mask(seqlen_q, seqlen_k, causal, int(left), int(right), int(diag_shift)),
+            Score(scale, float(softcap), alibi_slopes, int(diag_shift)))
 
 
 def _hooked_scores(xp, Q, K, mask: Mask, score: Score, round_to=None):
@@ -309,12 +317,12 @@ def _log_sum_exp(xp, m, l):
 
 
 def attention_naive(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1),
-                    softcap=0.0, alibi_slopes=None):
+                    softcap=0.0, alibi_slopes=None, diag_shift=0):
     """Standard attention in float64 (NumPy, or CuPy for CuPy inputs). Returns (O, L)."""
     xp = _xp(q)
     batch, seqlen_q, nheads, d = q.shape
     mask, score = _features(d, softmax_scale, causal, seqlen_q, k.shape[1], window_size,
-                            softcap, alibi_slopes)
+                            softcap, alibi_slopes, diag_shift)
     Q, K, V = (_heads_to_front(x, nheads) for x in (q, k, v))
     _, S = _hooked_scores(xp, Q, K, mask, score)                  # S = hook(scale Q K^T)
     P, m, l = _softmax_rows(xp, S)                                # P = softmax(S)
@@ -324,7 +332,7 @@ def attention_naive(q, k, v, causal=False, softmax_scale=None, *, window_size=(-
 
 
 def attention_naive_same_dtype(q, k, v, causal=False, softmax_scale=None, *,
-                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None, diag_shift=0):
     """Standard attention in the inputs' dtype (fp16/bf16), NumPy or CuPy: both matmuls with
     16-bit operands and fp32 accumulation, S rounded to the dtype, the score hook and softmax
     in fp32, P cast back to the dtype, O rounded to the dtype. Returns O only."""
@@ -332,8 +340,8 @@ def attention_naive_same_dtype(q, k, v, causal=False, softmax_scale=None, *,
     dt = q.dtype
     batch, seqlen_q, nheads, d = q.shape
     mask, score = _features(d, softmax_scale, causal, seqlen_q, k.shape[1], window_size,
-                            softcap, alibi_slopes)
-    score = Score(np.float32(score.scale), score.softcap, score.alibi_slopes)
+                            softcap, alibi_slopes, diag_shift)
+    score = dataclasses.replace(score, scale=np.float32(score.scale))
     Q, K, V = (_heads_first_f32(xp, x, nheads) for x in (q, k, v))
     _, S = _hooked_scores(xp, Q, K, mask, score, round_to=dt)
     P = _softmax_rows(xp, S)[0].astype(dt).astype(xp.float32)
@@ -375,7 +383,7 @@ def column_blocks(mask: Mask, row_block: int, B_r: int, B_c: int) -> ColumnBlock
 
 def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=64,
                         rescale_log2=None, *, window_size=(-1, -1), softcap=0.0,
-                        alibi_slopes=None):
+                        alibi_slopes=None, diag_shift=0):
     """The FA2 forward loop, in float64, block by block. Returns (O, L).
 
     rescale_log2: None keeps m_i at the running row max, as the seed does. A number t keeps
@@ -389,7 +397,7 @@ def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k = k.shape[1]
     mask, score = _features(d, softmax_scale, causal, seqlen_q, seqlen_k, window_size, softcap,
-                            alibi_slopes)
+                            alibi_slopes, diag_shift)
     Q, K, V = (_heads_to_front(x, nheads) for x in (q, k, v))
     visible = mask.visible()
     O = np.zeros((batch, nheads, seqlen_q, d))
@@ -447,7 +455,7 @@ def _group_sum(xp, x, nheads_k):
 
 
 def attention_backward_naive(dout, q, k, v, causal=False, softmax_scale=None, *,
-                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None, diag_shift=0):
     """Gradients of standard attention in float64 (NumPy, or CuPy for CuPy inputs):
     dV = P^T dO, dP = dO V^T, D = rowsum(dO ∘ O), dS = P ∘ (dP - D) (times the softcap's
     1 - tanh^2), dQ = scale dS K, dK = scale dS^T Q; dK, dV summed over each group of query
@@ -455,7 +463,7 @@ def attention_backward_naive(dout, q, k, v, causal=False, softmax_scale=None, *,
     xp = _xp(q)
     nheads, nheads_k, d = q.shape[2], k.shape[2], q.shape[3]
     mask, score = _features(d, softmax_scale, causal, q.shape[1], k.shape[1], window_size,
-                            softcap, alibi_slopes)
+                            softcap, alibi_slopes, diag_shift)
     Q, K, V, dO = (_heads_to_front(x, nheads) for x in (q, k, v, dout))
     S_raw, S = _hooked_scores(xp, Q, K, mask, score)
     P = _softmax_rows(xp, S)[0]
@@ -470,7 +478,8 @@ def attention_backward_naive(dout, q, k, v, causal=False, softmax_scale=None, *,
 
 
 def attention_backward_naive_same_dtype(dout, q, k, v, causal=False, softmax_scale=None, *,
-                                        window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+                                        window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                        diag_shift=0):
     """The same gradients computed the way autodiff through a 16-bit naive attention would:
     16-bit matmul operands with fp32 accumulation, every matmul result rounded to the dtype,
     the score hook, softmax and their gradients in fp32. Returns (dq, dk, dv) in the inputs'
@@ -479,8 +488,8 @@ def attention_backward_naive_same_dtype(dout, q, k, v, causal=False, softmax_sca
     dt = q.dtype
     nheads, nheads_k, d = q.shape[2], k.shape[2], q.shape[3]
     mask, score = _features(d, softmax_scale, causal, q.shape[1], k.shape[1], window_size,
-                            softcap, alibi_slopes)
-    score = Score(np.float32(score.scale), score.softcap, score.alibi_slopes)
+                            softcap, alibi_slopes, diag_shift)
+    score = dataclasses.replace(score, scale=np.float32(score.scale))
 
     def rnd(x):
         return x.astype(dt).astype(xp.float32)
@@ -519,7 +528,7 @@ def block_needs_mask(mask: Mask, row_block: int, col_block: int, B_r: int, B_c: 
 
 def attention_backward_fa2_tiled(dout, q, k, v, out, lse, causal=False, softmax_scale=None,
                                  B_r=64, B_c=64, *, window_size=(-1, -1), softcap=0.0,
-                                 alibi_slopes=None):
+                                 alibi_slopes=None, diag_shift=0):
     """The FA2 backward loop in float64, block by block: column blocks j outside, the row
     blocks i that see them inside, S and P recomputed from the forward's L (lse), dK_j and dV_j
     accumulated per column block, dQ_i accumulated across column blocks. Checks the block plan
@@ -527,7 +536,7 @@ def attention_backward_fa2_tiled(dout, q, k, v, out, lse, causal=False, softmax_
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     mask, score = _features(d, softmax_scale, causal, seqlen_q, seqlen_k, window_size, softcap,
-                            alibi_slopes)
+                            alibi_slopes, diag_shift)
     Q, K, V, dO, O = (_heads_to_front(x, nheads) for x in (q, k, v, dout, out))
     L = np.asarray(lse, dtype=np.float64)                             # (b, h, N_q)
     D = (dO * O).sum(axis=-1)                                         # D = rowsum(dO ∘ O)

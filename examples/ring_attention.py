@@ -35,6 +35,13 @@ def chunk(seed: int, which: int, index: int, batch, c, heads, d, dtype):
     return rs.standard_normal((batch, c, heads, d), dtype=cp.float32).astype(dtype)
 
 
+def alibi_slopes(job: dict):
+    """The job's ALiBi slopes, float32 (batch, heads), as NumPy: the same in every process."""
+    import numpy as np
+    rng = np.random.default_rng(job["seed"] + 7)
+    return (0.3 * rng.random((job["batch"], job["heads"]))).astype(np.float32)
+
+
 def local_part(job: dict, which: int, rank: int, world: int):
     """This rank's zigzag part of one tensor: chunks rank and 2 world - 1 - rank."""
     import cupy as cp
@@ -95,7 +102,9 @@ def _run(rank, world, uid, job):
     ring = distributed.RingComm(comm, timeout=job.get("timeout", 300.0))
     causal, layout = job["causal"], "zigzag"
     q, k, v, dout = (local_part(job, w, rank, world) for w in range(4))
-    kw = dict(causal=causal, softcap=job.get("softcap", 0.0), layout=layout)
+    kw = dict(causal=causal, softcap=job.get("softcap", 0.0), layout=layout,
+              window_size=tuple(job.get("window_size", (-1, -1))),
+              alibi_slopes=cp.asarray(alibi_slopes(job)) if job.get("alibi") else None)
 
     def step():
         out, lse = distributed.ring_attention(q, k, v, ring, **kw)
@@ -180,17 +189,24 @@ class _NoTransport:
         pass
 
 
-def _compute_only(transport, q, k, v, dout, causal, softcap, layout):
+def _compute_only(transport, q, k, v, dout, causal, softcap, layout, window_size,
+                  alibi_slopes):
     from cuflash import _api, distributed
 
-    def attend(qb, kb, vb, c):
-        return _api.forward(qb, kb, vb, causal=c, softcap=softcap)
+    def attend(qb, kb, vb, step):
+        return _api._forward(qb, kb, vb, step.causal, None, None, None, "fa2", False, None,
+                             step.window_size, softcap, alibi_slopes,
+                             diag_shift=step.diag_shift)
 
-    def attend_backward(dob, qb, kb, vb, ob, lb, c):
-        return _api.backward(dob, qb, kb, vb, ob, lb, causal=c, softcap=softcap)
-    out, lse = distributed._ring_forward(transport, attend, q, k, v, causal, layout)
+    def attend_backward(dob, qb, kb, vb, ob, lb, step):
+        return _api._backward(dob, qb, kb, vb, ob, lb, step.causal, None, False, None, None,
+                              None, None, step.window_size, softcap, alibi_slopes,
+                              diag_shift=step.diag_shift)
+    alibi = alibi_slopes is not None
+    out, lse = distributed._ring_forward(transport, attend, q, k, v, causal, layout,
+                                         window_size, alibi)
     distributed._ring_backward(transport, attend_backward, dout, q, k, v, out, lse, causal,
-                               layout)
+                               layout, window_size, alibi)
 
 
 def launch(world: int, job: dict, timeout: float = 600.0) -> list:

@@ -526,7 +526,7 @@ fa2_backward(const BwdParams p) {
                     const int lo = keys.lo - col0 - s_n * Tile::S_NW - (lane_id() % 4) * 2;
                     const int hi = keys.hi - col0 - s_n * Tile::S_NW - (lane_id() % 4) * 2;
                     const float dist = hook.diagonal(  // (dense: the params')
-                        row0 + r, lane_col, SeqT::PACKED ? seqlen_q : p.seqlen_q,
+                        p, row0 + r, lane_col, SeqT::PACKED ? seqlen_q : p.seqlen_q,
                         SeqT::PACKED ? seqlen_k : p.seqlen_k);
 #pragma unroll
                     for (int nt = 0; nt < S_NT; ++nt) {

@@ -6,7 +6,8 @@
 //               included) and rewrites nothing (REWRITES = false: no kernel calls apply);
 //   ScoreHook   FlashAttention-2's softcap and ALiBi, element by element, given the row and key
 //               indices: S -> softcap tanh(scale S / softcap) (softcap > 0), then
-//               S -> S - slope |row + seqlen_k - seqlen_q - col| (ALiBi slopes given). It keeps
+//               S -> S - slope |row + seqlen_k - seqlen_q - col| (ALiBi slopes given; ring
+//               attention's blocks shift the diagonal by p.diag_shift). It keeps
 //               its result in S's unscaled units (divided by the scale), so that the softmax's
 //               exponent and L = m lse_scale + log l stay as they are. (Keeping it in units of
 //               softcap / scale instead saves a multiply per element, but the scales then take
@@ -38,7 +39,10 @@ struct ScoreScale {
     __device__ __forceinline__ ScoreScale(const Params& p, int /*batch*/, int /*head*/)
         : ScoreScale(p) {}
 
-    __device__ __forceinline__ float diagonal(int, int, int, int) const { return 0.f; }
+    template <class Params>
+    __device__ __forceinline__ float diagonal(const Params&, int, int, int, int) const {
+        return 0.f;
+    }
     template <class Params>
     __device__ __forceinline__ float apply(const Params&, float s, float) const { return s; }
     template <class Params>
@@ -72,15 +76,17 @@ struct ScoreHook {
                                      p.softmax_scale
                                : 0.f) {}
 
-    // The signed distance of key col from query row's diagonal, row + seqlen_k - seqlen_q -
-    // col, as a float. Kernels take it once per row and block at their lane's first column and
-    // subtract each element's column offset (a compile-time constant), so that the hook's
-    // per-element work stays on the FP32 pipe: an int-to-float conversion per element runs on
-    // the quarter-rate unit the exponentials need (exact while |distance| < 2^24 keys).
-    // (seqlen_q, seqlen_k: the batch entry's, seqinfo.cuh.)
-    __device__ __forceinline__ float diagonal(int row, int col, int seqlen_q,
+    // The signed distance of key col from query row's diagonal, row + seqlen_k - seqlen_q +
+    // p.diag_shift - col, as a float. Kernels take it once per row and block at their lane's
+    // first column and subtract each element's column offset (a compile-time constant), so that
+    // the hook's per-element work stays on the FP32 pipe: an int-to-float conversion per
+    // element runs on the quarter-rate unit the exponentials need (exact while |distance| <
+    // 2^24 keys). (seqlen_q, seqlen_k: the batch entry's, seqinfo.cuh. diag_shift: 0 but for
+    // ring attention's blocks, whose queries and keys sit elsewhere in the sequence.)
+    template <class Params>
+    __device__ __forceinline__ float diagonal(const Params& p, int row, int col, int seqlen_q,
                                               int seqlen_k) const {
-        return static_cast<float>(row + seqlen_k - seqlen_q - col);
+        return static_cast<float>(row + seqlen_k - seqlen_q + p.diag_shift - col);
     }
     // The two formulas, each in one place (S and the result in S's units):
     //   softcap: tanh(scale S / softcap) (cap_in = p.softcap_in = scale / softcap), which the

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gpu_helpers import assert_accurate, rand
 
-from cuflash import reference
+from cuflash import _api, reference
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="CuPy not installed")
@@ -184,6 +184,29 @@ def test_backward_softcap_and_alibi(softcap, alibi, causal, deterministic):
             else None
         check_gradients(q, k, v, dout, causal, deterministic, softcap=softcap,
                         alibi_slopes=slopes)
+
+
+@pytest.mark.parametrize("shift", [-300, -37, 41, 500])
+@pytest.mark.parametrize("causal,window,alibi", [
+    (True, (-1, -1), True), (False, (-1, -1), True), (True, (97, -1), False),
+    (False, (60, 13), True), (True, (200, 0), True)], ids=str)
+@pytest.mark.parametrize("d", [64, 128, 59])
+def test_backward_with_a_shifted_diagonal(shift, causal, window, alibi, d):
+    """Gradients of ring attention's blocks: the masks and ALiBi counted from a diagonal
+    moved by diag_shift keys (_api._window folds it into the window's sides), against the
+    reference on the same shift."""
+    rng = np.random.default_rng(abs(shift) + d)
+    q, k, v, dout = make_inputs(2, 259, 301, 4, 2, d, DTYPES["bf16"], scale_q=3.0)
+    slopes = cp.asarray(rng.uniform(0.01, 0.3, (2, 4)).astype(np.float32)) if alibi else None
+    out, lse = _api._forward(q, k, v, causal, None, None, None, "fa2", False, None, window,
+                             0.0, slopes, diag_shift=shift)
+    grads = _api._backward(dout, q, k, v, out, lse, causal, None, False, None, None, None, None,
+                           window, 0.0, slopes, diag_shift=shift)
+    features = dict(window_size=window, alibi_slopes=slopes, diag_shift=shift)
+    exact = reference.attention_backward_naive(dout, q, k, v, causal, **features)
+    naive = reference.attention_backward_naive_same_dtype(dout, q, k, v, causal, **features)
+    for name, ours, nv, ex in zip(("dq", "dk", "dv"), grads, naive, exact):
+        assert_accurate(cp, ours, nv, ex, 3.0, name)
 
 
 @pytest.mark.parametrize("d", [1, 3, 59, 111, 255])

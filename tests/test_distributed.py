@@ -16,8 +16,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cuflash import distributed, reference
-from cuflash.distributed import ring_steps, zigzag_shard, zigzag_unshard
+from cuflash import _api, distributed, reference
+from cuflash.distributed import ring_blocks, ring_steps, zigzag_shard, zigzag_unshard
 
 BF16 = ml_dtypes.bfloat16
 
@@ -67,15 +67,20 @@ def run_ranks(world, fn):
     return results
 
 
-def _blocks(scale, softcap):
-    """The block kernels as the GPU runs them, in float64 then rounded like cuflash's."""
-    def attend(q, k, v, causal):
-        O, L = reference.attention_naive(q, k, v, causal, scale, softcap=softcap)
+def _blocks(scale, softcap, alibi_slopes=None):
+    """The block kernels as the GPU runs them, in float64 then rounded like cuflash's: each
+    block's mask and ALiBi counted from its shifted diagonal (the RingStep's)."""
+    def attend(q, k, v, step):
+        O, L = reference.attention_naive(q, k, v, step.causal, scale, softcap=softcap,
+                                         window_size=step.window_size,
+                                         alibi_slopes=alibi_slopes, diag_shift=step.diag_shift)
         return O.astype(q.dtype), L.astype(np.float32)
 
-    def attend_backward(dout, q, k, v, out, lse, causal):
-        grads = reference.attention_backward_fa2_tiled(dout, q, k, v, out, lse, causal, scale,
-                                                       softcap=softcap)
+    def attend_backward(dout, q, k, v, out, lse, step):
+        grads = reference.attention_backward_fa2_tiled(
+            dout, q, k, v, out, lse, step.causal, scale, softcap=softcap,
+            window_size=step.window_size, alibi_slopes=alibi_slopes,
+            diag_shift=step.diag_shift)
         return tuple(g.astype(x.dtype) for g, x in zip(grads, (q, k, v)))
     return attend, attend_backward
 
@@ -136,6 +141,110 @@ def test_ring_steps_attend_every_visible_pair_exactly_once(world, causal, layout
         assert (work == work[:1]).all(), work  # (each step: the same on every rank)
 
 
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("causal,window,alibi", [
+    (False, (3, 2), False), (True, (5, -1), False), (False, (-1, -1), True),
+    (True, (-1, -1), True), (False, (0, 7), True), (True, (2, 0), True), (False, (-1, 4), False)])
+def test_ring_blocks_place_each_block_where_its_positions_are(world, layout, causal, window,
+                                                             alibi):
+    """With a window or ALiBi, each block's mask counted from its shifted diagonal is the
+    whole sequence's mask at the block's positions, and its ALiBi distances are the global
+    |p - p'|; over all ranks and steps every visible pair is attended exactly once."""
+    n_local = 6
+    n = world * n_local
+    expected = reference.Mask(n, n, causal, *window).visible()
+    seen = np.zeros((n, n), dtype=int)
+    for rank in range(world):
+        mine = _global_positions(rank, world, n_local, layout)
+        steps = ring_blocks(rank, world, n_local, causal, layout, window, alibi)
+        assert len(steps) == world
+        for s, blocks in enumerate(steps):
+            src = (rank - s) % world
+            theirs = _global_positions(src, world, n_local, layout)
+            for step in blocks:
+                assert step.src == src
+                qpos, kpos = mine[step.q_rows], theirs[step.kv_rows]
+                assert (np.diff(qpos) == 1).all() and (np.diff(kpos) == 1).all()
+                local = reference.Mask(qpos.size, kpos.size, step.causal, *step.window_size,
+                                       diag_shift=step.diag_shift).visible()
+                np.testing.assert_array_equal(local, expected[np.ix_(qpos, kpos)])
+                assert local.any()
+                seen[np.ix_(qpos, kpos)] += local
+                if alibi:
+                    S = reference.Score(1.0, 0.0, np.ones(1), step.diag_shift).apply(
+                        np, np.zeros((1, 1, qpos.size, kpos.size)), np.arange(qpos.size),
+                        np.arange(kpos.size), qpos.size, kpos.size)
+                    np.testing.assert_array_equal(-S[0, 0], np.abs(qpos[:, None] - kpos))
+    np.testing.assert_array_equal(seen, expected)
+
+
+class _KernelMask:
+    """kernels/mask.cuh's Mask<upper, local> with the fields _api._window gives (sides of
+    any sign, no diagonal shift), in reference.Mask's interface, for the block ranges."""
+
+    def __init__(self, seqlen_q, seqlen_k, upper, local, left, right):
+        self.seqlen_q, self.seqlen_k, self.upper, self.LOCAL = seqlen_q, seqlen_k, upper, local
+        self.left, self.right = left, right
+
+    def keys(self, row):
+        diag = np.asarray(row) + self.seqlen_k - self.seqlen_q
+        hi = np.full(np.shape(row), self.seqlen_k - 1)
+        if self.upper:
+            hi = np.minimum(hi, diag + (self.right if self.LOCAL else 0))
+        lo = np.maximum(0, diag - self.left) if self.LOCAL else np.zeros(np.shape(row), int)
+        return (lo, hi) if np.ndim(row) else (int(lo), int(hi))
+
+    def first_row(self, col_lo):
+        if not self.upper:
+            return 0
+        return max(0, col_lo - (self.seqlen_k - self.seqlen_q)
+                   - (self.right if self.LOCAL else 0))
+
+    def last_row(self, col_hi):
+        if not self.LOCAL:
+            return self.seqlen_q - 1
+        return min(self.seqlen_q - 1, col_hi - (self.seqlen_k - self.seqlen_q) + self.left)
+
+    def visible(self):
+        lo, hi = self.keys(np.arange(self.seqlen_q))
+        cols = np.arange(self.seqlen_k)[None, :]
+        return (cols >= lo[:, None]) & (cols <= hi[:, None])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_host_folds_a_diagonal_shift_into_the_kernels_window(causal):
+    """_api._window(..., diag_shift): the kernels' mask with the sides it gives (which may be
+    negative) is the reference's mask counted from the shifted diagonal, and the kernels'
+    block ranges (block_range.cuh, as reference.py mirrors them) skip no visible key and
+    leave no hidden key unmasked."""
+    rng = np.random.default_rng(7)
+    for _ in range(400):
+        sq, sk = (int(x) for x in rng.integers(1, 40, 2))
+        shift = int(rng.integers(-50, 51)) if rng.random() < 0.9 else 0
+        window = tuple(int(w) for w in rng.integers(-1, 12, 2))
+        upper, local, left, right = _api._window(causal, window, sq, sk, shift)
+        kernel = _KernelMask(sq, sk, upper, local, left, right)
+        expected = reference.Mask(sq, sk, causal, *window, diag_shift=shift).visible()
+        np.testing.assert_array_equal(kernel.visible(), expected, err_msg=str(
+            (sq, sk, causal, window, shift)))
+        B_r, B_c = 8, 8
+        for i in range(-(-sq // B_r)):
+            cb = reference.column_blocks(kernel, i, B_r, B_c)
+            rows = expected[i * B_r:(i + 1) * B_r]
+            for j in range(-(-sk // B_c)):
+                block = rows[:, j * B_c:(j + 1) * B_c]
+                if not cb.begin <= j < cb.end:
+                    assert not block.any(), (sq, sk, causal, window, shift, i, j)
+                elif cb.unmasked_begin <= j < cb.masked_begin:
+                    assert block.all() and block.shape[1] == B_c
+        for j in range(-(-sk // B_c)):
+            begin, end = reference.row_blocks(kernel, j, B_r, B_c)
+            for i in range(-(-sq // B_r)):
+                if not begin <= i < end:
+                    assert not expected[i * B_r:(i + 1) * B_r, j * B_c:(j + 1) * B_c].any()
+
+
 @pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("world,causal,layout", [
     (1, True, "zigzag"), (2, False, "zigzag"), (2, True, "zigzag"), (3, True, "zigzag"),
@@ -146,6 +255,27 @@ def test_ring_matches_full_attention_by_the_accuracy_rule(dtype, world, causal, 
     """out, lse and dq, dk, dv of the ring, gathered back, against float64 attention on the
     whole sequence: at most 2x (3x for the gradients) the error of naive attention in the
     same dtype. GQA/MQA, odd chunk lengths, softcap."""
+    _ring_against_full_attention(dtype, world, causal, layout, heads_k, c, softcap)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("world,causal,layout,window,alibi", [
+    (2, True, "zigzag", (5, -1), False), (3, False, "zigzag", (4, 3), True),
+    (2, True, "zigzag", (-1, -1), True), (4, True, "zigzag", (9, 0), True),
+    (3, True, "contiguous", (6, 0), True), (2, False, "contiguous", (-1, 2), False),
+    (3, False, "zigzag", (-1, -1), True)])
+def test_ring_with_windows_and_alibi_matches_full_attention(dtype, world, causal, layout,
+                                                            window, alibi):
+    """Sliding windows and ALiBi over the whole sequence's positions: the ring's blocks, each
+    placed by its diagonal shift, against float64 attention on the whole sequence (the
+    accuracy rule), with GQA, an odd chunk length and per-(batch, head) slopes."""
+    slopes = (0.3 * np.random.default_rng(5).random((2, 4))).astype(np.float32) \
+        if alibi else None
+    _ring_against_full_attention(dtype, world, causal, layout, 2, 5, 0.0, window, slopes)
+
+
+def _ring_against_full_attention(dtype, world, causal, layout, heads_k, c, softcap,
+                                 window=(-1, -1), alibi_slopes=None):
     batch, heads, d = 2, 4, 16
     n_local = 2 * c if layout == "zigzag" else c
     n = world * n_local
@@ -153,7 +283,8 @@ def test_ring_matches_full_attention_by_the_accuracy_rule(dtype, world, causal, 
     q, dout = (rng.standard_normal((batch, n, heads, d)).astype(dtype) for _ in range(2))
     k, v = (rng.standard_normal((batch, n, heads_k, d)).astype(dtype) for _ in range(2))
     scale = 1 / np.sqrt(d)
-    attend, attend_backward = _blocks(scale, softcap)
+    attend, attend_backward = _blocks(scale, softcap, alibi_slopes)
+    alibi = alibi_slopes is not None
 
     def shard(x, r):
         return zigzag_shard(x, r, world) if layout == "zigzag" else \
@@ -165,9 +296,10 @@ def test_ring_matches_full_attention_by_the_accuracy_rule(dtype, world, causal, 
 
     def rank_fn(ring):
         Q, K, V, dO = (shard(x, ring.rank) for x in (q, k, v, dout))
-        out, lse = distributed._ring_forward(ring, attend, Q, K, V, causal, layout)
+        out, lse = distributed._ring_forward(ring, attend, Q, K, V, causal, layout, window,
+                                             alibi)
         grads = distributed._ring_backward(ring, attend_backward, dO, Q, K, V, out, lse,
-                                           causal, layout)
+                                           causal, layout, window, alibi)
         return out, lse, grads
 
     results = run_ranks(world, rank_fn)
@@ -179,7 +311,8 @@ def test_ring_matches_full_attention_by_the_accuracy_rule(dtype, world, causal, 
     def err(a, ref):
         return float(np.abs(np.asarray(a, np.float64) - ref).max())
 
-    kw = dict(causal=causal, softmax_scale=scale, softcap=softcap)
+    kw = dict(causal=causal, softmax_scale=scale, softcap=softcap, window_size=window,
+              alibi_slopes=alibi_slopes)
     O, L = reference.attention_naive(q, k, v, **kw)
     naive = reference.attention_naive_same_dtype(q, k, v, **kw)
     assert err(out, O) <= 2 * err(naive, O) + 1e-5
@@ -286,8 +419,7 @@ def test_watchdog_stays_quiet_while_transfers_finish_and_stops_when_closed():
 
 
 @pytest.mark.parametrize("kw,match", [
-    ({"window_size": (8, 0)}, "not available with ring attention"),
-    ({"alibi_slopes": np.zeros(2, np.float32)}, "not available with ring attention"),
+    ({"window_size": (-3, 0)}, "window_size must be a pair"),
     ({"layout": "striped"}, "layout must be one of"),
 ])
 def test_ring_attention_refuses_what_it_cannot_do(kw, match):

@@ -33,18 +33,22 @@ def world():
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("causal,heads_k,c,d", [(True, 4, 37, 64), (False, 2, 64, 128),
-                                                (True, 1, 100, 128), (True, 2, 51, 96)])
+@pytest.mark.parametrize("causal,heads_k,c,d,window,alibi", [
+    (True, 4, 37, 64, (-1, -1), False), (False, 2, 64, 128, (-1, -1), False),
+    (True, 1, 100, 128, (-1, -1), False), (True, 2, 51, 96, (-1, -1), False),
+    (True, 2, 45, 64, (70, -1), False), (False, 2, 33, 128, (40, 25), True),
+    (True, 4, 40, 64, (-1, -1), True)], ids=str)
 def test_ring_equals_the_whole_sequence_by_the_accuracy_rule(world, dtype, causal, heads_k, c,
-                                                             d):
+                                                             d, window, alibi):
     """out, lse, dq, dk, dv gathered from 2 GPUs against float64 attention on the whole
     sequence: at most 2x (3x for gradients) the error of naive attention in the same dtype.
-    GQA/MQA, odd chunk lengths, head dims 64..128, both dtypes."""
+    GQA/MQA, odd chunk lengths, head dims 64..128, both dtypes, sliding windows and ALiBi
+    over the sequence's positions."""
     import cupy as cp
     import ml_dtypes
     dt = ml_dtypes.bfloat16 if dtype == "bf16" else np.float16
     job = dict(mode="check", seqlen=2 * world * c, batch=2, heads=4, heads_k=heads_k,
-               headdim=d, dtype=dt, causal=causal, seed=c)
+               headdim=d, dtype=dt, causal=causal, seed=c, window_size=window, alibi=alibi)
     res = ring_example.launch(world, job, timeout=600)
     out = zigzag_unshard([r["out"] for r in res])
     lse = zigzag_unshard([r["lse"] for r in res], axis=2)
@@ -56,13 +60,15 @@ def test_ring_equals_the_whole_sequence_by_the_accuracy_rule(world, dtype, causa
     def err(a, ref):
         return float(np.abs(np.asarray(a, np.float64) - ref).max())
 
-    O, L = reference.attention_naive(q, k, v, causal)
-    naive = reference.attention_naive_same_dtype(q, k, v, causal)
+    features = dict(window_size=window,
+                    alibi_slopes=ring_example.alibi_slopes(job) if alibi else None)
+    O, L = reference.attention_naive(q, k, v, causal, **features)
+    naive = reference.attention_naive_same_dtype(q, k, v, causal, **features)
     assert out.dtype == dt and np.isfinite(out.astype(np.float32)).all()
     assert err(out, O) <= 2 * err(naive, O) + 1e-5, (err(out, O), err(naive, O))
     assert err(lse, L) <= 1e-3
-    ref = reference.attention_backward_naive(dout, q, k, v, causal)
-    naive = reference.attention_backward_naive_same_dtype(dout, q, k, v, causal)
+    ref = reference.attention_backward_naive(dout, q, k, v, causal, **features)
+    naive = reference.attention_backward_naive_same_dtype(dout, q, k, v, causal, **features)
     for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref, naive):
         assert g.shape == r.shape and g.dtype == dt
         assert err(g, r) <= 3 * err(n, r) + 1e-5, f"{name}: {err(g, r)} vs naive {err(n, r)}"

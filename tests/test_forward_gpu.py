@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gpu_helpers import assert_accurate, assert_lse, poisoned, rand
 
-from cuflash import _loader, _plan, reference
+from cuflash import _api, _loader, _plan, reference
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="CuPy not installed")
@@ -201,6 +201,30 @@ def test_softcap_and_alibi(softcap, alibi, causal, d, family):
         run_and_check(q, k, v, causal, softcap=softcap, alibi_slopes=slopes)
         run_and_check(q, k, v, causal, softcap=softcap, alibi_slopes=slopes,
                       window_size=(97, 0 if causal else 13))
+
+
+SHIFTED = [(True, (-1, -1), True), (False, (-1, -1), True), (True, (97, -1), False),
+           (False, (60, 13), True), (True, (200, 0), True)]
+
+
+@pytest.mark.parametrize("shift", [-300, -37, 41, 500])
+@pytest.mark.parametrize("causal,window,alibi", SHIFTED, ids=str)
+@pytest.mark.parametrize("d", [64, 128, 59])
+def test_forward_with_a_shifted_diagonal(shift, causal, window, alibi, d, family):
+    """Ring attention's blocks (cuflash.distributed): the masks and ALiBi counted from a
+    diagonal moved by diag_shift keys. The host folds the shift into the window's sides,
+    which may then be negative, and ALiBi reads it from the parameters. Against the
+    reference on the same shift: rows that see no key, blocks skipped on either side."""
+    rng = np.random.default_rng(abs(shift) + d)
+    q, k, v = make_qkv((2, 259, 4, d), (2, 301, 2, d), DTYPES["bf16"], False, 3.0)
+    slopes = cp.asarray(rng.uniform(0.01, 0.3, (2, 4)).astype(np.float32)) if alibi else None
+    out, lse = _api._forward(q, k, v, causal, None, None, None, "fa2", False, None, window,
+                             0.0, slopes, diag_shift=shift)
+    features = dict(window_size=window, alibi_slopes=slopes, diag_shift=shift)
+    O_ref, L_ref = reference.attention_naive(q, k, v, causal, **features)
+    naive = reference.attention_naive_same_dtype(q, k, v, causal, **features)
+    assert_accurate(cp, out, naive, O_ref, 2.0, "out")
+    assert_lse(cp, lse, L_ref)
 
 
 def test_window_of_256_over_16k_keys(family):
