@@ -17,6 +17,11 @@ every rank the same: one square causal block on its own chunks (step 0), otherwi
 block of 2c queries by c keys (the source rank's first chunk, which every local query
 follows) or of c queries (the local second chunk) by 2c keys (ring_steps).
 
+Sliding windows and ALiBi count over the sequence's positions. Each block then covers one run
+of consecutive positions on each side (a chunk), and its mask and ALiBi distances count from
+its own diagonal, shifted to where those positions sit in the sequence (ring_blocks; the
+kernels take the shift as diag_shift). Blocks that the window hides entirely are skipped.
+
     from cupy.cuda import nccl
     comm = cuflash.distributed.RingComm(nccl.NcclCommunicator(world, uid, rank))
     q, k, v = (cuflash.distributed.zigzag_shard(x, rank, world) for x in (q_full, ...))
