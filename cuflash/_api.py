@@ -709,7 +709,10 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
     key = _repeat_key(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, config,
                       window_size, softcap, alibi_slopes, packed)
     if key is not None:  # a call like one before: its launch again, the checks kept per call
-        done = _repeats.get(key)
+        try:
+            done = _repeats.get(key)
+        except Exception:  # (an unhashable option: the full path says what is wrong)
+            key = done = None
         done = done and done.run(_cupy(), q, k, v, out, lse)
         if done:
             return done
@@ -812,7 +815,9 @@ def _repeat_key(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, co
     """The signature under which a dense forward call's launch is remembered: q's GPU, the
     layouts and dtypes of q, k, v, out and lse, each option with its type (causal=1 must not
     pass for True), portable_kernels(); None where the call is not one to remember (a varlen batch,
-    ALiBi's per-call array, a tile or verbose output asked for, unhashable options)."""
+    ALiBi's per-call array, a tile or verbose output asked for). Not hashed here: the caller's
+    lookup hashes it, and takes a key that cannot be hashed (an unhashable option) for None,
+    so that a call pays for one hash of the key, not two."""
     if packed is not None or alibi_slopes is not None or config is not None or \
             verbose is not False or type(algorithm) is not str or algorithm != "fa2" or \
             type(window_size) is not tuple:
@@ -825,8 +830,7 @@ def _repeat_key(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, co
                None if out is None else (type(out), out.shape, out.strides, out.dtype),
                None if lse is None else (type(lse), lse.shape, lse.strides, lse.dtype),
                _portable_only)
-        hash(key)
-    except Exception:  # (not arrays, unhashable options: the full path says what is wrong)
+    except Exception:  # (not arrays: the full path says what is wrong)
         return None
     return key
 

@@ -384,6 +384,18 @@ def test_repeated_forward_on_seen_addresses_launches_its_kept_struct(fake, monke
     assert 0 < len(rep.filled) <= 16
 
 
+def test_unhashable_option_takes_the_full_path_and_its_message(fake, monkeypatch):
+    """An option that cannot be hashed (the repeat lookup's key) is no repeat: the full path
+    says what is wrong with it."""
+    monkeypatch.setattr(_tma, "_encode", _encode_pointer)
+    monkeypatch.setattr(_tma, "_cache", {})
+    q, k, v = _qkv(1, 64, 64, 2, 2, 64, BF16)
+    _api.forward(q, k, v, softcap=1.0)
+    with pytest.raises(ValueError, match="softcap must be"):
+        _api.forward(q, k, v, softcap=[1.0])
+    assert len(_api._repeats) == 1
+
+
 def test_repeated_forward_restores_its_whole_struct(fake, monkeypatch):
     """Another call of the same kernel (another length and scale) packs the shared parameter
     buffer in between: a repeat launches with every field of its own call, not the last."""
