@@ -451,16 +451,35 @@ def _pointer(buf) -> int:
 
 def _view(cupy, buf, dtype: str, tail: int, device: int):
     """An XLA buffer as a cupy.ndarray of the given dtype (bf16 buffers report a void dtype),
-    no copy, with vmap's leading axes folded into the first of its `tail` dims."""
+    no copy, with vmap's leading axes folded into the first of its `tail` dims.
+
+    Views are kept (_views) by everything they are made of: address, shape, dtype, folding and
+    device. XLA hands a jitted step the same few addresses call after call, and a kept view
+    spares each buffer CuPy's three constructors (a microsecond or more apiece, on the
+    critical path of every call without command buffers). A view holds only the address, no
+    reference to XLA's buffer, which is valid during the callback alone: a view kept from an
+    earlier call over the same address is the view this call would make (nothing in cuflash
+    changes an array's shape or strides in place), and a new address makes a new view."""
     if buf is None:
         return None
+    cai = buf.__cuda_array_interface__  # (built afresh on every access: read once)
+    key = (cai["data"][0], cai["shape"], dtype, tail, device)
+    x = _views.get(key)
+    if x is None:
+        x = _api._keep(_views, key, _new_view(cupy, *key))
+    return x
+
+
+_views: dict = {}
+
+
+def _new_view(cupy, ptr: int, shape: tuple, dtype: str, tail: int, device: int):
     dt = _DTYPES[dtype]
-    shape = tuple(buf.shape)
+    shape = tuple(shape)
     if not math.prod(shape):  # (XLA may pass no address for an empty buffer)
         x = cupy.ndarray(shape, dt)
     else:
-        mem = cupy.cuda.UnownedMemory(_pointer(buf), math.prod(shape) * dt.itemsize, buf,
-                                      device)
+        mem = cupy.cuda.UnownedMemory(ptr, math.prod(shape) * dt.itemsize, None, device)
         x = cupy.ndarray(shape, dt, cupy.cuda.MemoryPointer(mem, 0))
     return x if x.ndim == tail else x.reshape(_fold(shape, tail))
 

@@ -333,6 +333,69 @@ def test_repeated_forward_keeps_every_check(fake, monkeypatch):
     assert len(fake) == n + 1
 
 
+def test_repeated_forward_on_seen_addresses_launches_its_kept_struct(fake, monkeypatch):
+    """With out and lse given (cuflash.jax's callbacks), a repeat on the five addresses of an
+    earlier repeat launches that one's struct without checking or packing them again (they
+    depend on the addresses alone); other addresses are checked and packed afresh, the
+    arrays' GPU is checked on every call, and the kept structs are bounded."""
+    encoded = []
+
+    def encoder(addr, dtype, rank, ptr, *rest):
+        encoded.append(ptr)
+        return _encode_pointer(addr, dtype, rank, ptr, *rest)
+    monkeypatch.setattr(_tma, "_encode", encoder)
+    monkeypatch.setattr(_tma, "_cache", {})
+    q, k, v = _qkv(1, 64, 64, 2, 2, 128, BF16)
+
+    def outs():
+        return dict(out=FakeArray(np.zeros(q.shape, BF16)),
+                    lse=FakeArray(np.zeros((1, 2, 64), np.float32)))
+    _api.forward(q, k, v, causal=True, **outs())  # the full path, remembered
+    given = outs()
+    _api.forward(q, k, v, causal=True, **given)  # a repeat: checked, packed, kept
+    ((_, rep),) = _api._repeats.items()
+    assert list(rep.filled) == [(q.data.ptr, k.data.ptr, v.data.ptr, given["out"].data.ptr,
+                                 given["lse"].data.ptr)]
+    monkeypatch.setattr(_tma, "_cache", {})
+    overlap = _api._Repeat._overlap
+    monkeypatch.setattr(_api._Repeat, "_overlap", lambda *a: pytest.fail("checked again"))
+    n = len(encoded)
+    _api.forward(q, k, v, causal=True, **given)  # seen addresses: straight to the launch
+    assert len(encoded) == n and fake[-1] == fake[-2]
+    monkeypatch.setattr(_api._Repeat, "_overlap", overlap)
+    other = outs()  # new addresses: packed afresh, and what the full path packs
+    _api.forward(q, k, v, causal=True, **other)
+    repeat = fake[-1]
+    assert (repeat[4]["o"], repeat[4]["lse"]) == (other["out"].data.ptr,
+                                                  other["lse"].data.ptr)
+    monkeypatch.setattr(_api, "_repeats", {})
+    _api.forward(q, k, v, causal=True, **other)
+    assert fake[-1] == repeat
+    _api.forward(q, k, v, causal=True, **other)  # (remembered again, and repeated)
+    _api.forward(q, k, v, causal=True, **other)
+    assert fake[-1] == repeat
+    k.data.device_id = 1  # the same addresses, k now on another GPU: refused
+    with pytest.raises(ValueError, match="same GPU"):
+        _api.forward(q, k, v, causal=True, **other)
+    k.data.device_id = 0
+    ((_, rep),) = _api._repeats.items()
+    for _ in range(40):
+        _api.forward(q, k, v, causal=True, **outs())
+    assert 0 < len(rep.filled) <= 16
+
+
+def test_unhashable_option_takes_the_full_path_and_its_message(fake, monkeypatch):
+    """An option that cannot be hashed (the repeat lookup's key) is no repeat: the full path
+    says what is wrong with it."""
+    monkeypatch.setattr(_tma, "_encode", _encode_pointer)
+    monkeypatch.setattr(_tma, "_cache", {})
+    q, k, v = _qkv(1, 64, 64, 2, 2, 64, BF16)
+    _api.forward(q, k, v, softcap=1.0)
+    with pytest.raises(ValueError, match="softcap must be"):
+        _api.forward(q, k, v, softcap=[1.0])
+    assert len(_api._repeats) == 1
+
+
 def test_repeated_forward_restores_its_whole_struct(fake, monkeypatch):
     """Another call of the same kernel (another length and scale) packs the shared parameter
     buffer in between: a repeat launches with every field of its own call, not the last."""

@@ -171,3 +171,69 @@ def test_decode_callback_writes_the_output_caches(calls, append):
     assert kw["num_splits"] == 3 and (kw["k"] is None) == (not append)
     if append:
         _is_view(kw["k"], k, k.shape, BF16)
+
+
+@pytest.fixture
+def views(monkeypatch):
+    """cuflash.jax's kept views, emptied for the test."""
+    kept = {}
+    monkeypatch.setattr(cjax, "_views", kept)
+    return kept
+
+
+def test_views_are_kept_by_address_shape_dtype_and_device(views):
+    """A buffer at an address seen before, with the same shape, dtype, folding and device, gets
+    the view made then (no CuPy constructors on the call's path); anything else gets its own,
+    over its own address."""
+    a, b = Buffer((2, 40, 4, 64), BF16), Buffer((2, 40, 4, 64), BF16)
+    x = cjax._view(cupy, a, "bfloat16", 4, 0)
+    _is_view(x, a, a.shape, BF16)
+    again = Buffer(a.shape, BF16)  # (XLA's buffer object is new on every call)
+    again.ptr = a.ptr
+    assert cjax._view(cupy, again, "bfloat16", 4, 0) is x
+    y = cjax._view(cupy, b, "bfloat16", 4, 0)
+    _is_view(y, b, b.shape, BF16)
+    assert y is not x
+    other = {"dtype": cjax._view(cupy, a, "float16", 4, 0),
+             "device": cjax._view(cupy, a, "bfloat16", 4, 1),
+             "fold": cjax._view(cupy, a, "bfloat16", 3, 0)}
+    assert len({id(v) for v in (x, *other.values())}) == 4
+    assert other["dtype"].dtype == np.float16 and other["device"].data.device_id == 1
+    assert other["fold"].shape == (80, 4, 64) and other["fold"].data.ptr == a.ptr
+    small = Buffer((1, 40, 4, 64), BF16)
+    small.ptr = a.ptr  # (the same address, another shape: the view of this one)
+    assert cjax._view(cupy, small, "bfloat16", 4, 0).shape == small.shape
+    assert cjax._view(cupy, None, "bfloat16", 4, 0) is None
+
+
+def test_kept_views_are_bounded_and_hold_no_xla_buffer(views):
+    """A stream of new addresses does not grow the views without bound, and a kept view
+    keeps no reference to XLA's buffer object (valid during its callback only)."""
+    import gc
+    import weakref
+
+    buf = Buffer((4, 8), np.float32)
+    gone = weakref.ref(buf)
+    x = cjax._view(cupy, buf, "float32", 2, 0)
+    del buf
+    gc.collect()
+    assert gone() is None and x.data.ptr
+    for _ in range(1500):
+        cjax._view(cupy, Buffer((4, 8), np.float32), "float32", 2, 0)
+    assert 0 < len(views) <= 1024
+
+
+def test_callbacks_hand_cuflash_the_same_views_on_the_same_buffers(calls, views):
+    """Two calls of a jitted step on the same addresses give cuflash the same arrays, so that
+    its repeat path sees the same addresses (and what it keeps by them) again."""
+    q, k, v = Buffer((2, 40, 4, 64), BF16), Buffer((2, 50, 2, 64), BF16), \
+        Buffer((2, 50, 2, 64), BF16)
+    out, lse = Buffer((2, 40, 4, 64), BF16), Buffer((2, 4, 40), np.float32)
+    for _ in range(2):
+        cjax._gpu_forward(_opts(), Ctx(), (out, lse), q, k, v, None)
+    (_, a1, kw1), (_, a2, kw2) = calls
+    assert all(x is y for x, y in zip(a1, a2))
+    assert kw1["out"] is kw2["out"] and kw1["lse"] is kw2["lse"]
+    q2 = Buffer(q.shape, BF16)  # a new address: a new view over it
+    cjax._gpu_forward(_opts(), Ctx(), (out, lse), q2, k, v, None)
+    assert calls[-1][1][0] is not a1[0] and calls[-1][1][0].data.ptr == q2.ptr
