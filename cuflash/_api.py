@@ -311,7 +311,7 @@ def _window(causal: bool, window_size, seqlen_q: int, seqlen_k: int,
     if causal:
         right = 0
     if left < 0 and (right < 0 or causal) and not (diag_shift and causal):
-        return causal, False, 0, 0
+        return causal, False, 0, 0  # (never the plain causal mask with a shift: score.cuh)
     if left < 0:  # (a left side no row reaches)
         left = seqlen_q + seqlen_k + max(diag_shift, 0)
     else:
@@ -389,7 +389,7 @@ def _call_features(cupy, causal, window_size, softcap, alibi_slopes, q, batch, s
         local, left, right, hooked = _odd_d_features(upper, local, left, right, seqlen_q,
                                                      seqlen_k)
     fields = dict(window_left=left, window_right=right, alibi_slopes=slopes,
-                  alibi_stride_b=slopes_b, diag_shift=diag_shift,
+                  alibi_stride_b=slopes_b, alibi_shift=float(diag_shift),
                   **_softcap_fields(cap, scale)) if local or hooked else {}
     return upper, local, hooked, odd_d, fields
 

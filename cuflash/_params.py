@@ -124,17 +124,17 @@ _WINDOW = [Field("window_left", "i32", "LOCAL masks: keys before the diagonal", 
                  "", 0)]
 # The score hook's parameters (score.cuh, read only by ScoreHook, where it applies them): the
 # softcap as two factors on the unscaled S (0: off), the ALiBi slopes (float32 (nheads,) or
-# (batch, nheads); null: off), their batch stride, and the diagonal's shift (ring attention's
-# blocks sit elsewhere in the sequence than bottom-right; the masks take the same shift folded
-# into window_left / window_right on the host, cuflash/_api.py _window).
+# (batch, nheads); null: off), their batch stride, and the shift of a dense batch's diagonal
+# (ring attention's blocks sit elsewhere in the sequence than bottom-right; the masks take the
+# same shift folded into window_left / window_right on the host, cuflash/_api.py _window).
 _HOOK = [Field("alibi_slopes", "ptr", "ALiBi slopes per (batch, head), float32", "const float*",
                0),
          Field("softcap_in", "f32", "softmax_scale / softcap (0: no softcap)", "", 0.0),
          Field("softcap_out", "f32", "softcap / softmax_scale", "", 1.0),
          Field("alibi_stride_b", "i32", "batch stride of alibi_slopes (0: one row for all)",
                "", 0),
-         Field("diag_shift", "i32", "ALiBi: row i's diagonal is key i + seqlen_k - seqlen_q + "
-               "diag_shift", "", 0)]
+         Field("alibi_shift", "f32", "ALiBi, dense: row i's diagonal is key i + seqlen_k - "
+               "seqlen_q + alibi_shift (ring attention's blocks)", "", 0.0)]
 
 # Variable-length batches (seqinfo.cuh; null: dense): entry b's rows are
 # [cu_seqlens[b], cu_seqlens[b + 1]) of the packed tensors; seqlen_q and seqlen_k are then the

@@ -525,9 +525,9 @@ fa2_backward(const BwdParams p) {
                     const KeyRange keys = MaskT(p, seqlen_q, seqlen_k).keys(row0 + r);
                     const int lo = keys.lo - col0 - s_n * Tile::S_NW - (lane_id() % 4) * 2;
                     const int hi = keys.hi - col0 - s_n * Tile::S_NW - (lane_id() % 4) * 2;
-                    const float dist = hook.diagonal(  // (dense: the params')
+                    const float dist = hook.template diagonal<shifted_diagonal<SeqT, MaskT>()>(
                         p, row0 + r, lane_col, SeqT::PACKED ? seqlen_q : p.seqlen_q,
-                        SeqT::PACKED ? seqlen_k : p.seqlen_k);
+                        SeqT::PACKED ? seqlen_k : p.seqlen_k);  // (dense: the params')
 #pragma unroll
                     for (int nt = 0; nt < S_NT; ++nt) {
                         // P_ij at columns lane_col + nt * 8 + e1, and the hook's derivative

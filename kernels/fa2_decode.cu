@@ -313,8 +313,8 @@ fa2_decode(const DecodeParams p) {
             float dist[2];
 #pragma unroll
             for (int e2 = 0; e2 < 2; ++e2)
-                dist[e2] = score.diagonal(p, pos[e2], col0 + (lane % 4) * 2, seqlen_q,
-                                          seqlen_k);
+                dist[e2] = score.template diagonal<false>(p, pos[e2], col0 + (lane % 4) * 2,
+                                                          seqlen_q, seqlen_k);
             score.template apply_fragment<SPLIT>(p, s[0], dist, row_bias[0]);
         }
         // Mask (mask.cuh): S_ij[r, c] = -inf where key c is hidden from row r's position, or

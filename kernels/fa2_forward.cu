@@ -292,8 +292,9 @@ fa2_forward(const FwdParams p) {
                 float dist[2];  // (the lane's two rows, at its first column)
 #pragma unroll
                 for (int e2 = 0; e2 < 2; ++e2)
-                    dist[e2] = score.diagonal(p, row0 + warp * RPW + mt * 16 + lane / 4 + e2 * 8,
-                                              col0 + (lane % 4) * 2, seqlen_q, seqlen_k);
+                    dist[e2] = score.template diagonal<shifted_diagonal<SeqT, MaskT>()>(
+                        p, row0 + warp * RPW + mt * 16 + lane / 4 + e2 * 8,
+                        col0 + (lane % 4) * 2, seqlen_q, seqlen_k);
                 score.template apply_fragment<SPLIT>(p, s[mt], dist, row_bias[mt]);
             }
         }

@@ -351,9 +351,10 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                 float dist[2];
 #pragma unroll
                 for (int e2 = 0; e2 < 2; ++e2)
-                    dist[e2] = score.diagonal(p, row_lane + e2 * 8, col0 + (lane % 4) * 2,
-                                              SeqT::PACKED ? seqlen_q : p.seqlen_q,
-                                              SeqT::PACKED ? seq.seqlen_k : p.seqlen_k);
+                    dist[e2] = score.template diagonal<shifted_diagonal<SeqT, MaskT>()>(
+                        p, row_lane + e2 * 8, col0 + (lane % 4) * 2,
+                        SeqT::PACKED ? seqlen_q : p.seqlen_q,
+                        SeqT::PACKED ? seq.seqlen_k : p.seqlen_k);
                 score.template apply_fragment<SPLIT>(p, s[0], dist, row_bias[0]);
             }
             // Mask (mask.cuh), on blocks that cross a mask limit or the end of K

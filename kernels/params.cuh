@@ -40,7 +40,7 @@ struct FwdParams {
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale
     int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
-    int diag_shift;                 // ALiBi: row i's diagonal is key i + seqlen_k - seqlen_q + diag_shift
+    float alibi_shift;              // ALiBi, dense: row i's diagonal is key i + seqlen_k - seqlen_q + alibi_shift (ring attention's blocks)
     const int* cu_seqlens_q;        // packed: cumulative query lengths (batch + 1), int32
     const int* cu_seqlens_k;        // packed: cumulative key lengths (batch + 1), int32
     int total_q;                    // packed: rows of the packed query tensor
@@ -79,7 +79,7 @@ static_assert(__builtin_offsetof(FwdParams, alibi_slopes) == 192, "FwdParams.ali
 static_assert(__builtin_offsetof(FwdParams, softcap_in) == 200, "FwdParams.softcap_in");
 static_assert(__builtin_offsetof(FwdParams, softcap_out) == 204, "FwdParams.softcap_out");
 static_assert(__builtin_offsetof(FwdParams, alibi_stride_b) == 208, "FwdParams.alibi_stride_b");
-static_assert(__builtin_offsetof(FwdParams, diag_shift) == 212, "FwdParams.diag_shift");
+static_assert(__builtin_offsetof(FwdParams, alibi_shift) == 212, "FwdParams.alibi_shift");
 static_assert(__builtin_offsetof(FwdParams, cu_seqlens_q) == 216, "FwdParams.cu_seqlens_q");
 static_assert(__builtin_offsetof(FwdParams, cu_seqlens_k) == 224, "FwdParams.cu_seqlens_k");
 static_assert(__builtin_offsetof(FwdParams, total_q) == 232, "FwdParams.total_q");
@@ -138,7 +138,7 @@ struct BwdParams {
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale
     int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
-    int diag_shift;                 // ALiBi: row i's diagonal is key i + seqlen_k - seqlen_q + diag_shift
+    float alibi_shift;              // ALiBi, dense: row i's diagonal is key i + seqlen_k - seqlen_q + alibi_shift (ring attention's blocks)
     const int* cu_seqlens_q;        // packed: cumulative query lengths (batch + 1), int32
     const int* cu_seqlens_k;        // packed: cumulative key lengths (batch + 1), int32
     int total_q;                    // packed: rows of the packed query tensor
@@ -198,7 +198,7 @@ static_assert(__builtin_offsetof(BwdParams, alibi_slopes) == 320, "BwdParams.ali
 static_assert(__builtin_offsetof(BwdParams, softcap_in) == 328, "BwdParams.softcap_in");
 static_assert(__builtin_offsetof(BwdParams, softcap_out) == 332, "BwdParams.softcap_out");
 static_assert(__builtin_offsetof(BwdParams, alibi_stride_b) == 336, "BwdParams.alibi_stride_b");
-static_assert(__builtin_offsetof(BwdParams, diag_shift) == 340, "BwdParams.diag_shift");
+static_assert(__builtin_offsetof(BwdParams, alibi_shift) == 340, "BwdParams.alibi_shift");
 static_assert(__builtin_offsetof(BwdParams, cu_seqlens_q) == 344, "BwdParams.cu_seqlens_q");
 static_assert(__builtin_offsetof(BwdParams, cu_seqlens_k) == 352, "BwdParams.cu_seqlens_k");
 static_assert(__builtin_offsetof(BwdParams, total_q) == 360, "BwdParams.total_q");
@@ -243,7 +243,7 @@ struct Sm90FwdParams {
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale
     int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
-    int diag_shift;                 // ALiBi: row i's diagonal is key i + seqlen_k - seqlen_q + diag_shift
+    float alibi_shift;              // ALiBi, dense: row i's diagonal is key i + seqlen_k - seqlen_q + alibi_shift (ring attention's blocks)
     const int* cu_seqlens_q;        // packed: cumulative query lengths (batch + 1), int32
     const int* cu_seqlens_k;        // packed: cumulative key lengths (batch + 1), int32
     int total_q;                    // packed: rows of the packed query tensor
@@ -289,7 +289,7 @@ static_assert(__builtin_offsetof(Sm90FwdParams, alibi_slopes) == 576, "Sm90FwdPa
 static_assert(__builtin_offsetof(Sm90FwdParams, softcap_in) == 584, "Sm90FwdParams.softcap_in");
 static_assert(__builtin_offsetof(Sm90FwdParams, softcap_out) == 588, "Sm90FwdParams.softcap_out");
 static_assert(__builtin_offsetof(Sm90FwdParams, alibi_stride_b) == 592, "Sm90FwdParams.alibi_stride_b");
-static_assert(__builtin_offsetof(Sm90FwdParams, diag_shift) == 596, "Sm90FwdParams.diag_shift");
+static_assert(__builtin_offsetof(Sm90FwdParams, alibi_shift) == 596, "Sm90FwdParams.alibi_shift");
 static_assert(__builtin_offsetof(Sm90FwdParams, cu_seqlens_q) == 600, "Sm90FwdParams.cu_seqlens_q");
 static_assert(__builtin_offsetof(Sm90FwdParams, cu_seqlens_k) == 608, "Sm90FwdParams.cu_seqlens_k");
 static_assert(__builtin_offsetof(Sm90FwdParams, total_q) == 616, "Sm90FwdParams.total_q");
@@ -349,7 +349,7 @@ struct DecodeParams {
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale
     int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
-    int diag_shift;                 // ALiBi: row i's diagonal is key i + seqlen_k - seqlen_q + diag_shift
+    float alibi_shift;              // ALiBi, dense: row i's diagonal is key i + seqlen_k - seqlen_q + alibi_shift (ring attention's blocks)
 };
 static_assert(sizeof(DecodeParams) == 320, "DecodeParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
@@ -401,7 +401,7 @@ static_assert(__builtin_offsetof(DecodeParams, alibi_slopes) == 296, "DecodePara
 static_assert(__builtin_offsetof(DecodeParams, softcap_in) == 304, "DecodeParams.softcap_in");
 static_assert(__builtin_offsetof(DecodeParams, softcap_out) == 308, "DecodeParams.softcap_out");
 static_assert(__builtin_offsetof(DecodeParams, alibi_stride_b) == 312, "DecodeParams.alibi_stride_b");
-static_assert(__builtin_offsetof(DecodeParams, diag_shift) == 316, "DecodeParams.diag_shift");
+static_assert(__builtin_offsetof(DecodeParams, alibi_shift) == 316, "DecodeParams.alibi_shift");
 #endif
 
 }  // namespace cuflash

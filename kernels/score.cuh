@@ -7,7 +7,7 @@
 //   ScoreHook   FlashAttention-2's softcap and ALiBi, element by element, given the row and key
 //               indices: S -> softcap tanh(scale S / softcap) (softcap > 0), then
 //               S -> S - slope |row + seqlen_k - seqlen_q - col| (ALiBi slopes given; ring
-//               attention's blocks shift the diagonal by p.diag_shift). It keeps
+//               attention's blocks shift that diagonal: p.alibi_shift). It keeps
 //               its result in S's unscaled units (divided by the scale), so that the softmax's
 //               exponent and L = m lse_scale + log l stay as they are. (Keeping it in units of
 //               softcap / scale instead saves a multiply per element, but the scales then take
@@ -39,7 +39,7 @@ struct ScoreScale {
     __device__ __forceinline__ ScoreScale(const Params& p, int /*batch*/, int /*head*/)
         : ScoreScale(p) {}
 
-    template <class Params>
+    template <bool SHIFTED, class Params>
     __device__ __forceinline__ float diagonal(const Params&, int, int, int, int) const {
         return 0.f;
     }
@@ -52,6 +52,13 @@ struct ScoreScale {
         return s;
     }
 };
+
+// Whether a kernel's ALiBi distances take the parameters' alibi_shift (ScoreHook::diagonal):
+// dense batches, under every mask but the plain causal one.
+template <class SeqT, class MaskT>
+__host__ __device__ constexpr bool shifted_diagonal() {
+    return !SeqT::PACKED && !MaskT::LEFT_OF_DIAGONAL;
+}
 
 // tanh on the special-function unit (sm_75+): relative error about 2^-11, below the rounding
 // of a 16-bit P.
@@ -76,17 +83,23 @@ struct ScoreHook {
                                      p.softmax_scale
                                : 0.f) {}
 
-    // The signed distance of key col from query row's diagonal, row + seqlen_k - seqlen_q +
-    // p.diag_shift - col, as a float. Kernels take it once per row and block at their lane's
-    // first column and subtract each element's column offset (a compile-time constant), so that
-    // the hook's per-element work stays on the FP32 pipe: an int-to-float conversion per
-    // element runs on the quarter-rate unit the exponentials need (exact while |distance| <
-    // 2^24 keys). (seqlen_q, seqlen_k: the batch entry's, seqinfo.cuh. diag_shift: 0 but for
-    // ring attention's blocks, whose queries and keys sit elsewhere in the sequence.)
-    template <class Params>
+    // The signed distance of key col from query row's diagonal, row + seqlen_k - seqlen_q -
+    // col, as a float. Kernels take it once per row and block at their lane's first column and
+    // subtract each element's column offset (a compile-time constant), so that the hook's
+    // per-element work stays on the FP32 pipe: an int-to-float conversion per element runs on
+    // the quarter-rate unit the exponentials need (exact while |distance| < 2^24 keys).
+    // (seqlen_q, seqlen_k: the batch entry's, seqinfo.cuh.) SHIFTED: plus the parameters'
+    // alibi_shift, where ring attention's blocks move the diagonal (their queries and keys sit
+    // elsewhere in the sequence; 0 otherwise), added as a float: exact below 2^24 keys, an add
+    // with a constant operand. Kernels pass SHIFTED for dense batches under every mask but the
+    // plain causal one, which the host never sends with a shift (_api._window makes a shifted
+    // causal mask a local one); there the distance stays the integer sum that the mask's own
+    // diagonal shares, as the register-tight d 256 backward tiles need.
+    template <bool SHIFTED, class Params>
     __device__ __forceinline__ float diagonal(const Params& p, int row, int col, int seqlen_q,
                                               int seqlen_k) const {
-        return static_cast<float>(row + seqlen_k - seqlen_q + p.diag_shift - col);
+        const float d = static_cast<float>(row + seqlen_k - seqlen_q - col);
+        return SHIFTED ? d + p.alibi_shift : d;
     }
     // The two formulas, each in one place (S and the result in S's units):
     //   softcap: tanh(scale S / softcap) (cap_in = p.softcap_in = scale / softcap), which the
