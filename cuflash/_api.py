@@ -299,7 +299,8 @@ def _window(causal: bool, window_size, seqlen_q: int, seqlen_k: int,
     diag_shift (ring attention's blocks, cuflash.distributed): row i's diagonal is key i +
     seqlen_k - seqlen_q + diag_shift. The kernels' masks count from the unshifted diagonal,
     so the shift goes into the sides (left - diag_shift, right + diag_shift, either of which
-    may then be negative) and a shifted mask is always the local kernels'."""
+    may then be negative), and a shifted call always takes the local kernels, the ones whose
+    ALiBi reads the shift (kernels/score.cuh), also without a window."""
     if window_size.__class__ is tuple and window_size == (-1, -1) and not diag_shift:
         return causal, False, 0, 0  # (the default, at once)
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
@@ -310,8 +311,8 @@ def _window(causal: bool, window_size, seqlen_q: int, seqlen_k: int,
     left, right = int(window_size[0]), int(window_size[1])
     if causal:
         right = 0
-    if left < 0 and (right < 0 or causal) and not (diag_shift and causal):
-        return causal, False, 0, 0  # (never the plain causal mask with a shift: score.cuh)
+    if left < 0 and (right < 0 or causal) and not diag_shift:
+        return causal, False, 0, 0
     if left < 0:  # (a left side no row reaches)
         left = seqlen_q + seqlen_k + max(diag_shift, 0)
     else:

@@ -54,10 +54,11 @@ struct ScoreScale {
 };
 
 // Whether a kernel's ALiBi distances take the parameters' alibi_shift (ScoreHook::diagonal):
-// dense batches, under every mask but the plain causal one.
+// dense batches under the local masks, which the host sends every shifted block as
+// (_api._window), so that the plain and causal kernels stay as they were.
 template <class SeqT, class MaskT>
 __host__ __device__ constexpr bool shifted_diagonal() {
-    return !SeqT::PACKED && !MaskT::LEFT_OF_DIAGONAL;
+    return !SeqT::PACKED && MaskT::LOCAL;
 }
 
 // tanh on the special-function unit (sm_75+): relative error about 2^-11, below the rounding
@@ -91,10 +92,11 @@ struct ScoreHook {
     // (seqlen_q, seqlen_k: the batch entry's, seqinfo.cuh.) SHIFTED: plus the parameters'
     // alibi_shift, where ring attention's blocks move the diagonal (their queries and keys sit
     // elsewhere in the sequence; 0 otherwise), added as a float: exact below 2^24 keys, an add
-    // with a constant operand. Kernels pass SHIFTED for dense batches under every mask but the
-    // plain causal one, which the host never sends with a shift (_api._window makes a shifted
-    // causal mask a local one); there the distance stays the integer sum that the mask's own
-    // diagonal shares, as the register-tight d 256 backward tiles need.
+    // with a constant operand. Kernels pass SHIFTED for dense batches under the local masks
+    // only: the host sends every shifted block as one (_api._window). Elsewhere the distance
+    // stays the integer sum that the mask's own diagonal shares: with the add, the
+    // register-tight d 256 causal backward tiles spilled, and the d 128 Hopper forward with
+    // the softcap ran 4% slower (PERFORMANCE.md).
     template <bool SHIFTED, class Params>
     __device__ __forceinline__ float diagonal(const Params& p, int row, int col, int seqlen_q,
                                               int seqlen_k) const {
