@@ -120,8 +120,8 @@ _SCALES = [Field("softmax_scale", "f32", "scale of S = Q K^T"),
 # A sliding window's sides (mask.cuh, read only by Mask<*, LOCAL = true>): a row sees the keys
 # from window_left before its diagonal to window_right after it.
 _WINDOW = [Field("window_left", "i32", "LOCAL masks: keys before the diagonal", "", 0),
-           Field("window_right", "i32", "LOCAL masks: keys after the diagonal (CAUSAL: >= 0)",
-                 "", 0)]
+           Field("window_right", "i32", "LOCAL masks: keys after the diagonal (CAUSAL: its "
+                 "upper limit)", "", 0)]
 # The score hook's parameters (score.cuh, read only by ScoreHook, where it applies them): the
 # softcap as two factors on the unscaled S (0: off), the ALiBi slopes (float32 (nheads,) or
 # (batch, nheads); null: off), their batch stride, and the shift of a dense batch's diagonal

@@ -155,6 +155,7 @@ def ring_blocks(rank: int, world: int, n_local: int, causal: bool, layout: str =
     _check_rank(rank, world)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    _api._window(causal, window_size, n_local, n_local)  # (its checks)
     left, right = (int(w) for w in window_size)
     if causal:
         right = 0
@@ -537,7 +538,8 @@ def _prepare(which, q, k, v, comm, causal, softmax_scale, softcap, layout, windo
     causal = _api._check_flag("causal", causal)
     _api._window(causal, window_size, q.shape[1], k.shape[1])  # (its checks, at once)
     window_size = tuple(int(w) for w in window_size)
-    _, device_id, _ = _api._check_qkv(q, k, v)
+    cupy, device_id, _ = _api._check_qkv(q, k, v)
+    _api._hook(cupy, softcap, alibi_slopes, q)  # (its checks, before any transfer)
     ring = _ring(comm)
     if device_id != ring.device:
         raise ValueError(f"q is on GPU {device_id}, the communicator on GPU {ring.device}")

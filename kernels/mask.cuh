@@ -9,10 +9,11 @@
 //   - the end of K:    hi <= seqlen_k - 1;
 //   - CAUSAL:          an upper limit, hi <= diagonal + right; right = 0 (causal) unless the
 //                      mask is also LOCAL, which reads it from the parameters (a window's right
-//                      side, >= 0);
-//   - LOCAL:           a lower limit, lo >= diagonal - left (a sliding window's left side;
-//                      p.window_left, p.window_right). Where it is false every test of lo
-//                      compiles away.
+//                      side, >= 0, or any int where ring attention's blocks shift the diagonal:
+//                      cuflash/_api.py _window);
+//   - LOCAL:           a lower limit, lo >= diagonal - left (a sliding window's left side, any
+//                      int likewise; p.window_left, p.window_right). Where it is false every
+//                      test of lo compiles away.
 // A new mask changes this header, the reference and the API: the kernels take the Mask type as
 // a template parameter and ask it.
 #pragma once

@@ -35,7 +35,7 @@ struct FwdParams {
     float softmax_scale;            // scale of S = Q K^T
     float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
     int window_left;                // LOCAL masks: keys before the diagonal
-    int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: >= 0)
+    int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: its upper limit)
     const float* alibi_slopes;      // ALiBi slopes per (batch, head), float32
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale
@@ -133,7 +133,7 @@ struct BwdParams {
     float softmax_scale;            // scale of S = Q K^T
     float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
     int window_left;                // LOCAL masks: keys before the diagonal
-    int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: >= 0)
+    int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: its upper limit)
     const float* alibi_slopes;      // ALiBi slopes per (batch, head), float32
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale
@@ -238,7 +238,7 @@ struct Sm90FwdParams {
     float softmax_scale;            // scale of S = Q K^T
     float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
     int window_left;                // LOCAL masks: keys before the diagonal
-    int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: >= 0)
+    int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: its upper limit)
     const float* alibi_slopes;      // ALiBi slopes per (batch, head), float32
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale
@@ -344,7 +344,7 @@ struct DecodeParams {
     float softmax_scale;            // scale of S = Q K^T
     float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
     int window_left;                // LOCAL masks: keys before the diagonal
-    int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: >= 0)
+    int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: its upper limit)
     const float* alibi_slopes;      // ALiBi slopes per (batch, head), float32
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale

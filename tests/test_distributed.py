@@ -428,6 +428,11 @@ def test_ring_attention_refuses_what_it_cannot_do(kw, match):
         distributed.ring_attention(x, x, x, comm=None, **kw)
 
 
+def test_ring_blocks_checks_its_window():
+    with pytest.raises(ValueError, match="window_size must be a pair"):
+        ring_blocks(0, 2, 8, True, "zigzag", (-3, 0))
+
+
 def test_ring_steps_checks_its_arguments():
     with pytest.raises(ValueError, match="local length .7. must be even"):
         ring_steps(1, 2, 7, True, "zigzag")
