@@ -716,9 +716,8 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
     batch (forward_varlen's _Packed; q, k, v, out are then (1, total, heads, d) views and lse
     is (heads, total_q)). diag_shift: the masks' and ALiBi's diagonal moved by that many keys
     (_window; ring attention's blocks)."""
-    key = None if diag_shift else _repeat_key(
-        q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, config, window_size,
-        softcap, alibi_slopes, packed)
+    key = _repeat_key(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, config,
+                      window_size, softcap, alibi_slopes, packed, diag_shift)
     if key is not None:  # a call like one before: its launch again, the checks kept per call
         try:
             done = _repeats.get(key)
@@ -822,14 +821,15 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
 # on addresses seen before launches it at once (_Repeat.filled).
 
 def _repeat_key(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, config,
-                window_size, softcap, alibi_slopes, packed):
+                window_size, softcap, alibi_slopes, packed, diag_shift=0):
     """The signature under which a dense forward call's launch is remembered: q's GPU, the
     layouts and dtypes of q, k, v, out and lse, each option with its type (causal=1 must not
     pass for True), portable_kernels(); None where the call is not one to remember (a varlen batch,
-    ALiBi's per-call array, a tile or verbose output asked for). Not hashed here: the caller's
+    ALiBi's per-call array, a tile or verbose output asked for, a ring block's shifted
+    diagonal). Not hashed here: the caller's
     lookup hashes it, and takes a key that cannot be hashed (an unhashable option) for None,
     so that a call pays for one hash of the key, not two."""
-    if packed is not None or alibi_slopes is not None or config is not None or \
+    if packed is not None or alibi_slopes is not None or config is not None or diag_shift or \
             verbose is not False or type(algorithm) is not str or algorithm != "fa2" or \
             type(window_size) is not tuple:
         return None

@@ -44,7 +44,7 @@ import time
 import numpy as np
 
 from . import _api
-from .reference import _xp
+from .reference import Mask, _xp
 
 __all__ = ["RingComm", "ring_attention", "ring_attention_backward", "ring_attention_with_vjp",
            "ring_steps", "ring_blocks", "zigzag_shard", "zigzag_unshard", "LAYOUTS"]
@@ -156,9 +156,7 @@ def ring_blocks(rank: int, world: int, n_local: int, causal: bool, layout: str =
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     _api._window(causal, window_size, n_local, n_local)  # (its checks)
-    left, right = (int(w) for w in window_size)
-    if causal:
-        right = 0
+    window_size = tuple(int(w) for w in window_size)
     steps = []
     for s in range(world):
         src = (rank - s) % world
@@ -166,18 +164,15 @@ def ring_blocks(rank: int, world: int, n_local: int, causal: bool, layout: str =
         for q_rows, q0 in _pieces(rank, world, n_local, layout):
             for kv_rows, k0 in _pieces(src, world, n_local, layout):
                 n_q, n_k = q_rows.stop - q_rows.start, kv_rows.stop - kv_rows.start
-                diag = np.arange(n_q) + (q0 - k0)  # row i's diagonal, in the block's keys
-                hi = np.minimum(n_k - 1, diag + right) if right >= 0 else np.full(n_q, n_k - 1)
-                lo = np.maximum(0, diag - left) if left >= 0 else np.zeros(n_q, dtype=int)
+                shift = (q0 - k0) - (n_k - n_q)  # (row i's diagonal: key i + q0 - k0)
+                lo, hi = Mask(n_q, n_k, causal, *window_size, shift).keys(np.arange(n_q))
                 if not (lo <= hi).any():
                     continue  # (no query sees a key of the block)
-                shift = (q0 - k0) - (n_k - n_q)
                 if (lo == 0).all() and (hi == n_k - 1).all():  # (every query sees every key)
                     blocks.append(RingStep(src, q_rows, kv_rows, False, (-1, -1),
                                            shift if alibi else 0))
                 else:
-                    blocks.append(RingStep(src, q_rows, kv_rows, causal, tuple(window_size),
-                                           shift))
+                    blocks.append(RingStep(src, q_rows, kv_rows, causal, window_size, shift))
         steps.append(tuple(blocks))
     return steps
 
@@ -554,6 +549,21 @@ def _contiguous(x):
     return x if x.flags.c_contiguous else _api._cupy().ascontiguousarray(x)
 
 
+def _block_kernels(softmax_scale, softcap, alibi_slopes) -> tuple:
+    """(attend, attend_backward) of _ring_forward / _ring_backward: cuflash's forward and
+    backward on one block, with its RingStep's mask and diagonal shift."""
+    def attend(qb, kb, vb, step):
+        return _api._forward(qb, kb, vb, step.causal, softmax_scale, None, None, "fa2", False,
+                             None, step.window_size, softcap, alibi_slopes,
+                             diag_shift=step.diag_shift)
+
+    def attend_backward(dob, qb, kb, vb, ob, lb, step):
+        return _api._backward(dob, qb, kb, vb, ob, lb, step.causal, softmax_scale, False, None,
+                              None, None, None, step.window_size, softcap, alibi_slopes,
+                              diag_shift=step.diag_shift)
+    return attend, attend_backward
+
+
 def ring_attention(q, k, v, comm, causal: bool = False, softmax_scale: float | None = None,
                    *, softcap: float = 0.0, layout: str = "zigzag", window_size=(-1, -1),
                    alibi_slopes=None):
@@ -576,11 +586,7 @@ def ring_attention(q, k, v, comm, causal: bool = False, softmax_scale: float | N
     """
     ring, causal, k, v, window_size = _prepare("fwd", q, k, v, comm, causal, softmax_scale,
                                                softcap, layout, window_size, alibi_slopes)
-
-    def attend(qb, kb, vb, step):
-        return _api._forward(qb, kb, vb, step.causal, softmax_scale, None, None, "fa2", False,
-                             None, step.window_size, softcap, alibi_slopes,
-                             diag_shift=step.diag_shift)
+    attend, _ = _block_kernels(softmax_scale, softcap, alibi_slopes)
     with _api._on_device(_api._cupy(), ring.device):
         return _ring_forward(ring, attend, q, k, v, causal, layout, window_size,
                              alibi_slopes is not None)
@@ -593,11 +599,7 @@ def ring_attention_backward(dout, q, k, v, out, lse, comm, causal: bool = False,
     Every rank calls it with the same options as the forward."""
     ring, causal, k, v, window_size = _prepare("bwd", q, k, v, comm, causal, softmax_scale,
                                                softcap, layout, window_size, alibi_slopes)
-
-    def attend_backward(dob, qb, kb, vb, ob, lb, step):
-        return _api._backward(dob, qb, kb, vb, ob, lb, step.causal, softmax_scale, False, None,
-                              None, None, None, step.window_size, softcap, alibi_slopes,
-                              diag_shift=step.diag_shift)
+    _, attend_backward = _block_kernels(softmax_scale, softcap, alibi_slopes)
     with _api._on_device(_api._cupy(), ring.device):
         return _ring_backward(ring, attend_backward, dout, q, k, v, out, lse, causal, layout,
                               window_size, alibi_slopes is not None)

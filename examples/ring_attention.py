@@ -191,17 +191,9 @@ class _NoTransport:
 
 def _compute_only(transport, q, k, v, dout, causal, softcap, layout, window_size,
                   alibi_slopes):
-    from cuflash import _api, distributed
+    from cuflash import distributed
 
-    def attend(qb, kb, vb, step):
-        return _api._forward(qb, kb, vb, step.causal, None, None, None, "fa2", False, None,
-                             step.window_size, softcap, alibi_slopes,
-                             diag_shift=step.diag_shift)
-
-    def attend_backward(dob, qb, kb, vb, ob, lb, step):
-        return _api._backward(dob, qb, kb, vb, ob, lb, step.causal, None, False, None, None,
-                              None, None, step.window_size, softcap, alibi_slopes,
-                              diag_shift=step.diag_shift)
+    attend, attend_backward = distributed._block_kernels(None, softcap, alibi_slopes)
     alibi = alibi_slopes is not None
     out, lse = distributed._ring_forward(transport, attend, q, k, v, causal, layout,
                                          window_size, alibi)

@@ -35,3 +35,9 @@ def assert_lse(cp, lse, L_ref, tol=1e-3):
     if bool(fin.any()):
         err = float(cp.abs(lse[fin].astype(cp.float64) - L_ref[fin]).max())
         assert err <= tol, f"lse: max error {err:.3e} > {tol}"
+
+
+# Ring attention's blocks (cuflash.distributed): (causal, window_size, ALiBi) under which the
+# forward and backward GPU tests shift the diagonal.
+SHIFTED_CASES = [(True, (-1, -1), True), (False, (-1, -1), True), (True, (97, -1), False),
+                 (False, (60, 13), True), (True, (200, 0), True)]

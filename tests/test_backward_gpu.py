@@ -8,7 +8,7 @@ sequence whose memory stays linear."""
 import ml_dtypes
 import numpy as np
 import pytest
-from gpu_helpers import assert_accurate, rand
+from gpu_helpers import SHIFTED_CASES, assert_accurate, rand
 
 from cuflash import _api, reference
 
@@ -187,9 +187,7 @@ def test_backward_softcap_and_alibi(softcap, alibi, causal, deterministic):
 
 
 @pytest.mark.parametrize("shift", [-300, -37, 41, 500])
-@pytest.mark.parametrize("causal,window,alibi", [
-    (True, (-1, -1), True), (False, (-1, -1), True), (True, (97, -1), False),
-    (False, (60, 13), True), (True, (200, 0), True)], ids=str)
+@pytest.mark.parametrize("causal,window,alibi", SHIFTED_CASES, ids=str)
 @pytest.mark.parametrize("d", [64, 128, 59])
 def test_backward_with_a_shifted_diagonal(shift, causal, window, alibi, d):
     """Gradients of ring attention's blocks: the masks and ALiBi counted from a diagonal

@@ -8,7 +8,7 @@ import itertools
 import ml_dtypes
 import numpy as np
 import pytest
-from gpu_helpers import assert_accurate, assert_lse, poisoned, rand
+from gpu_helpers import SHIFTED_CASES, assert_accurate, assert_lse, poisoned, rand
 
 from cuflash import _api, _loader, _plan, reference
 
@@ -203,12 +203,8 @@ def test_softcap_and_alibi(softcap, alibi, causal, d, family):
                       window_size=(97, 0 if causal else 13))
 
 
-SHIFTED = [(True, (-1, -1), True), (False, (-1, -1), True), (True, (97, -1), False),
-           (False, (60, 13), True), (True, (200, 0), True)]
-
-
 @pytest.mark.parametrize("shift", [-300, -37, 41, 500])
-@pytest.mark.parametrize("causal,window,alibi", SHIFTED, ids=str)
+@pytest.mark.parametrize("causal,window,alibi", SHIFTED_CASES, ids=str)
 @pytest.mark.parametrize("d", [64, 128, 59])
 def test_forward_with_a_shifted_diagonal(shift, causal, window, alibi, d, family):
     """Ring attention's blocks (cuflash.distributed): the masks and ALiBi counted from a
