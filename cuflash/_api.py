@@ -887,7 +887,7 @@ class _Repeat:
             filled = self.filled.get(seen)
             if filled is not None:  # (these addresses passed every check below before)
                 with _on_device(cupy, dev):
-                    self._launch(cupy, filled)
+                    self._launch(filled, cupy.cuda.get_current_stream().ptr)
                 return out, lse
         if (ptrs[0] | ptrs[1] | ptrs[2]) % 16 or out is not None and out.data.ptr % 16 or \
                 lse is not None and lse.data.ptr % 4:
@@ -913,17 +913,26 @@ class _Repeat:
                 if len(self.filled) >= 16:  # (a bound: a loop cycles through a few)
                     self.filled.clear()
                 self.filled[seen] = filled = bytes(filled)
-            self._launch(cupy, filled)
+            self._launch(filled, cupy.cuda.get_current_stream().ptr)
         return out, lse
 
-    def _launch(self, cupy, filled) -> None:
-        """The kernel on the parameter bytes `filled`, on the current stream (the launch's
-        device current)."""
+    def _launch(self, filled, stream: int) -> None:
+        """The kernel on the parameter bytes `filled`, on the stream whose handle is given
+        (the launch's device current)."""
         params = self.params
         with params.lock:
             params.buf[:] = filled
-            self.kernel(self.grid, self.threads, self.smem, cupy.cuda.get_current_stream().ptr,
-                        params)
+            self.kernel(self.grid, self.threads, self.smem, stream, params)
+
+    def replay(self, filled, stream: int) -> bool:
+        """Launch on `filled` (bytes that run() packed and kept for a set of addresses) and
+        `stream`, with no check at all: for a caller that keeps them by those addresses
+        (cuflash.jax's forward callback). False, launching nothing, where this thread's
+        current CUDA context is not the launch's device's."""
+        if not self.kernel.is_current():
+            return False
+        self._launch(filled, stream)
+        return True
 
     def _overlap(self, q, k, v, out, lse) -> bool:
         """Whether a given output shares bytes with an input or with the other output
@@ -935,6 +944,20 @@ class _Repeat:
 
 
 _repeats: dict = {}
+
+
+def _kept_forward(q, k, v, out, lse, causal, softmax_scale, window_size, softcap, algorithm):
+    """The launch that forward() keeps for a call on these arrays with these options (out and
+    lse given), as (_Repeat, its parameter bytes for these five addresses): what a caller
+    that calls forward on the same addresses again and again can launch itself
+    (_Repeat.replay). None where forward keeps none for them (yet: the bytes are kept from
+    the second such call on; see _repeat_key and _Repeat.filled)."""
+    key = _repeat_key(q, k, v, causal, softmax_scale, out, lse, algorithm, False, None,
+                      window_size, softcap, None, None)
+    rep = None if key is None else _repeats.get(key)
+    filled = None if rep is None else \
+        rep.filled.get((q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr))
+    return None if filled is None else (rep, filled)
 
 
 def _remember(key, record, device_id, q, k, v, out, lse) -> None:

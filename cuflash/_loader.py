@@ -243,6 +243,10 @@ class Launcher:
         if not self._current_context():  # (runtimes that bind only on first use)
             self._init_context()
 
+    def is_current(self) -> bool:
+        """Whether this thread has the kernel's context current (a launch needs nothing else)."""
+        return self._current_context() == self._context
+
     def bind_thread(self) -> None:
         """Make sure this thread has the kernel's context current (a thread's first launch
         binds it; driver calls made before the launch, such as encoding a tensor map, need it

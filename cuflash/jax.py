@@ -403,7 +403,9 @@ def _callback(opts: _Options, which: str, platform: str, shapes: tuple):
                ("backward", "cuda"): _gpu_backward_varlen,
                ("forward", "cpu"): _cpu_forward_varlen,
                ("backward", "cpu"): _cpu_backward_varlen}
-    return buffer_callback(functools.partial(run[which, platform], opts), shapes,
+    fn = run[which, platform]
+    kept = ({},) if fn is _gpu_forward else ()  # (the launches it keeps: its own)
+    return buffer_callback(functools.partial(fn, opts, *kept), shapes,
                            vmap_method=None if opts.packed else "broadcast_all",
                            command_buffer_compatible=opts.command_buffer and platform == "cuda")
 
@@ -490,11 +492,12 @@ def _features(opts: _Options) -> dict:
 
 
 def _on_xla_stream(body):
-    """A CUDA buffer callback from its body, body(opts, view, outputs, *inputs): run with
-    XLA's stream current on the buffers' GPU (not at all where every output is empty: nothing
-    to compute or write); view(buffer, dtype=opts.dtype, tail=4) is _view on that GPU."""
+    """A CUDA buffer callback from its body, body(opts, view, outputs, *inputs, **kwargs):
+    run with XLA's stream current on the buffers' GPU (not at all where every output is empty:
+    nothing to compute or write); view(buffer, dtype=opts.dtype, tail=4) is _view on that
+    GPU."""
     @functools.wraps(body)
-    def callback(opts, ctx, outputs, *inputs):
+    def callback(opts, ctx, outputs, *inputs, **kwargs):
         cupy = _api._cupy()
         hit = _stream(cupy, ctx.stream, outputs)
         if hit is None:
@@ -504,16 +507,40 @@ def _on_xla_stream(body):
         def view(buf, dtype=opts.dtype, tail=4):
             return _view(cupy, buf, dtype, tail, device)
         with _api._on_device(cupy, device), stream:
-            body(opts, view, outputs, *inputs)
+            body(opts, view, outputs, *inputs, **kwargs)
     return callback
 
 
+def _gpu_forward(opts, kept, ctx, outputs, q, k, v, slopes):
+    """The forward's CUDA callback. A jitted step hands it the same few buffer addresses call
+    after call: from the third call on a set of addresses (forward keeps a launch from its
+    second, _api._kept_forward), the launch's parameter bytes are kept in `kept` (this
+    callback's own) by the stream, the addresses and shapes, and launched straight away, with
+    none of forward's checks, views or lookups. On the same addresses with the same shapes
+    and options, every check forward made passes again, and the bytes it would pack are these
+    (_api._Repeat.filled). Without ALiBi only (forward keeps no launch with it)."""
+    key = None
+    if slopes is None:
+        key = (ctx.stream, _api._portable_only,
+               *((c["data"][0], c["shape"]) for c in
+                 (b.__cuda_array_interface__ for b in (*outputs, q, k, v))))
+        hit = kept.get(key)
+        if hit is not None and hit[0].replay(hit[1], ctx.stream):
+            return
+    _gpu_forward_checked(opts, ctx, outputs, q, k, v, slopes, kept=kept, key=key)
+
+
 @_on_xla_stream
-def _gpu_forward(opts, view, outputs, q, k, v, slopes):
+def _gpu_forward_checked(opts, view, outputs, q, k, v, slopes, *, kept, key):
     out, lse = outputs
-    _api.forward(view(q), view(k), view(v), **_features(opts),
-                 alibi_slopes=view(slopes, "float32", 2), out=view(out),
-                 lse=view(lse, "float32", 3), algorithm=opts.algorithm)
+    q, k, v, out, lse = view(q), view(k), view(v), view(out), view(lse, "float32", 3)
+    _api.forward(q, k, v, **_features(opts), alibi_slopes=view(slopes, "float32", 2), out=out,
+                 lse=lse, algorithm=opts.algorithm)
+    if key is not None:
+        launch = _api._kept_forward(q, k, v, out, lse, opts.causal, opts.scale,
+                                    opts.window_size, opts.softcap, opts.algorithm)
+        if launch is not None:
+            _api._keep(kept, key, launch)
 
 
 @_on_xla_stream

@@ -420,3 +420,78 @@ def test_jitted_steps_stay_right_for_fresh_inputs_and_allocate_nothing(command_b
         for a, b in zip(grads, grads_e):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert allocations == [], f"the callbacks allocated {allocations} from CuPy's pool"
+
+
+_REPLAY = r"""
+import sys
+import cupy, jax, jax.numpy as jnp, numpy as np
+import cuflash
+import cuflash.jax as cjax
+from cuflash import _api
+
+entries, checked = [0], [0]
+real_entry, real_forward = cjax._gpu_forward, _api.forward
+
+def counted_entry(*a):  # every time XLA runs the forward's Python callback
+    entries[0] += 1
+    return real_entry(*a)
+
+def counted_forward(*a, **kw):  # every time the callback takes cuflash.forward's checked path
+    checked[0] += 1
+    return real_forward(*a, **kw)
+cjax._gpu_forward, _api.forward = counted_entry, counted_forward
+
+shape = (2, 200, 4, 64)
+
+@jax.jit
+def gen(key):  # q, k, v made inside the step: XLA's temporaries, at the same addresses each call
+    return [jax.random.normal(s, shape, jnp.float32).astype(jnp.bfloat16)
+            for s in jax.random.split(key, 3)]
+
+def step(cb):
+    return jax.jit(lambda key: cjax.flash_attention(*gen(key), causal=True, return_lse=True,
+                                                    command_buffer=cb))
+steps = {cb: step(cb) for cb in (False, True)}
+keys = [jax.random.key(s) for s in range(8)]
+outs = {}
+for cb, f in steps.items():
+    entries[0] = checked[0] = 0
+    for rnd in range(2):
+        for i, key in enumerate(keys):
+            res = jax.block_until_ready(f(key))
+            outs.setdefault((cb, i), []).append(tuple(np.asarray(x) for x in res))
+            del res  # (freed before the next call, which may then take the same addresses)
+    print(f"command_buffer={cb}: {entries[0]} callback runs, {checked[0]} checked calls, "
+          f"{2 * len(keys)} steps")
+    if cb:  # XLA replays its CUDA graph without Python at the same addresses
+        assert entries[0] < len(keys), f"no replays: {entries[0]} callback runs"
+    else:  # the callback launches its kept bytes from the third call on
+        assert entries[0] == 2 * len(keys) and checked[0] <= 4, (entries[0], checked[0])
+cjax._gpu_forward, _api.forward = real_entry, real_forward
+for i, key in enumerate(keys):  # cuflash.forward on CuPy copies of the same inputs
+    q, k, v = (cupy.from_dlpack(x).copy() for x in gen(key))
+    o, l = cuflash.forward(q, k, v, causal=True)
+    want = (cupy.asnumpy(o.view(cupy.uint16)), cupy.asnumpy(l))
+    for cb in (False, True):
+        for got in outs[cb, i]:
+            np.testing.assert_array_equal(got[0].view(np.uint16), want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+assert not np.array_equal(outs[True, 0][0][0], outs[True, 1][0][0])
+print("ok")
+"""
+
+
+@pytest.mark.gpu
+def test_kept_launches_and_graph_replays_give_the_checked_calls_results():
+    """A jitted forward called again and again at the same buffer addresses, with new values
+    each call: the callback's kept launch (no command buffers) and XLA's replays of its CUDA
+    graph without Python (command_buffer=True, graphs from one op up) both give bitwise
+    cuflash.forward's results on the same inputs, call after call."""
+    if _cuda_device() is None:
+        pytest.skip("JAX has no CUDA backend here")
+    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+               + " --xla_gpu_graph_min_graph_size=1")
+    res = subprocess.run([sys.executable, "-c", _REPLAY], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert res.stdout.rstrip().endswith("ok"), res.stdout

@@ -81,7 +81,7 @@ def test_forward_callback_views_xla_buffers_and_passes_every_option(calls, lead)
     out, lse, slopes = Buffer(lead + (2, 40, 4, 64), BF16), \
         Buffer(lead + (2, 4, 40), np.float32), Buffer(lead + (2, 4), np.float32)
     b = math.prod(lead) * 2
-    cjax._gpu_forward(_opts(algorithm="fa1"), Ctx(), (out, lse), q, k, v, slopes)
+    cjax._gpu_forward(_opts(algorithm="fa1"), {}, Ctx(), (out, lse), q, k, v, slopes)
     ((name, a, kw),) = calls
     assert name == "forward"
     for x, buf, shape in zip(a, (q, k, v), ((b, 40, 4, 64), (b, 50, 2, 64), (b, 50, 2, 64))):
@@ -230,10 +230,80 @@ def test_callbacks_hand_cuflash_the_same_views_on_the_same_buffers(calls, views)
         Buffer((2, 50, 2, 64), BF16)
     out, lse = Buffer((2, 40, 4, 64), BF16), Buffer((2, 4, 40), np.float32)
     for _ in range(2):
-        cjax._gpu_forward(_opts(), Ctx(), (out, lse), q, k, v, None)
+        cjax._gpu_forward(_opts(), {}, Ctx(), (out, lse), q, k, v, None)
     (_, a1, kw1), (_, a2, kw2) = calls
     assert all(x is y for x, y in zip(a1, a2))
     assert kw1["out"] is kw2["out"] and kw1["lse"] is kw2["lse"]
     q2 = Buffer(q.shape, BF16)  # a new address: a new view over it
-    cjax._gpu_forward(_opts(), Ctx(), (out, lse), q2, k, v, None)
+    cjax._gpu_forward(_opts(), {}, Ctx(), (out, lse), q2, k, v, None)
     assert calls[-1][1][0] is not a1[0] and calls[-1][1][0].data.ptr == q2.ptr
+
+
+class _Launch:
+    """A stand-in for the forward's kept launch (_api._Repeat): records its replays."""
+
+    def __init__(self, current=True):
+        self.current, self.replays = current, []
+
+    def replay(self, filled, stream):
+        if self.current:
+            self.replays.append((filled, stream))
+        return self.current
+
+
+def test_forward_callback_replays_the_kept_launch_on_the_same_addresses(calls, views,
+                                                                        monkeypatch):
+    """Once forward keeps a launch for a set of addresses, the callback launches its bytes on
+    XLA's stream without calling forward; new addresses or shapes, another stream, ALiBi or a
+    thread with another GPU's context current go through forward again."""
+    launch, asked = _Launch(), []
+
+    def kept_forward(q, k, v, out, lse, causal, scale, window, softcap, algorithm):
+        asked.append((q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr,
+                      causal, scale, window, softcap, algorithm))
+        return (launch, b"bytes %d" % len(asked))
+    monkeypatch.setattr(_api, "_kept_forward", kept_forward)
+    q, k, v = Buffer((2, 40, 4, 64), BF16), Buffer((2, 50, 2, 64), BF16), \
+        Buffer((2, 50, 2, 64), BF16)
+    out, lse = Buffer((2, 40, 4, 64), BF16), Buffer((2, 4, 40), np.float32)
+    kept, opts = {}, _opts()
+    cjax._gpu_forward(opts, kept, Ctx(), (out, lse), q, k, v, None)
+    assert [c[0] for c in calls] == ["forward"] and not launch.replays
+    assert asked == [(q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, True, 0.125, (7, 0), 5.0, "fa2")]
+    for _ in range(3):  # the same addresses: the kept bytes, on XLA's stream
+        cjax._gpu_forward(opts, kept, Ctx(), (out, lse), q, k, v, None)
+    assert len(calls) == 1 and launch.replays == [(b"bytes 1", Ctx.stream)] * 3
+    k2 = Buffer(k.shape, BF16)  # a new address
+    cjax._gpu_forward(opts, kept, Ctx(), (out, lse), q, k2, v, None)
+    assert len(calls) == 2 and asked[-1][1] == k2.ptr
+
+    class Other(Ctx):
+        stream = 777
+    cjax._gpu_forward(opts, kept, Other(), (out, lse), q, k, v, None)  # another stream
+    assert len(calls) == 3 and len(launch.replays) == 3
+    cjax._gpu_forward(opts, kept, Other(), (out, lse), q, k, v, None)
+    assert len(calls) == 3 and launch.replays[-1] == (b"bytes 3", 777)
+    k3, v3 = Buffer((2, 60, 2, 64), BF16), Buffer((2, 60, 2, 64), BF16)
+    k3.ptr, v3.ptr = k.ptr, v.ptr  # the same addresses with other shapes: another call
+    cjax._gpu_forward(opts, kept, Ctx(), (out, lse), q, k3, v3, None)
+    assert len(calls) == 4
+    slopes = Buffer((2, 4), np.float32)  # ALiBi: forward every time (it keeps no launch)
+    n = len(asked)
+    for _ in range(2):
+        cjax._gpu_forward(opts, kept, Ctx(), (out, lse), q, k, v, slopes)
+    assert len(calls) == 6 and len(asked) == n
+    launch.current = False  # another GPU's context current: forward, which switches to it
+    cjax._gpu_forward(opts, kept, Ctx(), (out, lse), q, k, v, None)
+    assert len(calls) == 7 and len(launch.replays) == 4
+
+
+def test_forward_callback_keeps_nothing_that_forward_does_not(calls, views, monkeypatch):
+    """Where forward keeps no launch (yet) for the call, every call goes through forward."""
+    monkeypatch.setattr(_api, "_kept_forward", lambda *a: None)
+    q, k, v = Buffer((2, 40, 4, 64), BF16), Buffer((2, 50, 2, 64), BF16), \
+        Buffer((2, 50, 2, 64), BF16)
+    out, lse = Buffer((2, 40, 4, 64), BF16), Buffer((2, 4, 40), np.float32)
+    kept = {}
+    for _ in range(3):
+        cjax._gpu_forward(_opts(), kept, Ctx(), (out, lse), q, k, v, None)
+    assert len(calls) == 3 and not kept
