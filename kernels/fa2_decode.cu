@@ -105,14 +105,17 @@ __device__ __forceinline__ void merge_splits(const DecodeParams& p, long long ro
     constexpr int COLS = 256 / 32;  // columns per lane (d <= 256)
     constexpr float LOG2E = 1.4426950408889634f;  // e^x = 2^(x log2(e))
     const int S = p.num_splits, d = p.d;
-    // L = top + log sum_s e^(L_s - top), top = max_s L_s (lanes over s, then the warp)
-    float top = CUFLASH_NEG_INF;
-    for (int s = lane; s < S; s += 32) top = fmaxf(top, __ldcg(p.lse_partial + s * rows + row));
+    // L = top + log sum_s e^(L_s - top), top = max_s L_s (lanes over s, then the warp). Lane
+    // s keeps L_s of the first 32 splits (-inf past S), so that they are loaded once.
+    const float L_lane = lane < S ? __ldcg(p.lse_partial + lane * rows + row) : CUFLASH_NEG_INF;
+    float top = L_lane;
+    for (int s = lane + 32; s < S; s += 32)
+        top = fmaxf(top, __ldcg(p.lse_partial + s * rows + row));
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, off));
     const float top_safe = top == CUFLASH_NEG_INF ? 0.f : top;
-    float total = 0.f;
-    for (int s = lane; s < S; s += 32)
+    float total = exp2_approx((L_lane - top_safe) * LOG2E);  // (e^-inf = 0)
+    for (int s = lane + 32; s < S; s += 32)
         total += exp2_approx((__ldcg(p.lse_partial + s * rows + row) - top_safe) * LOG2E);
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
@@ -123,10 +126,10 @@ __device__ __forceinline__ void merge_splits(const DecodeParams& p, long long ro
 #pragma unroll
     for (int k = 0; k < COLS; ++k) acc[k] = 0.f;
     for (int s0 = 0; s0 < S && total != 0.f; s0 += 32) {  // (total: the same on every lane)
-        const float w_lane =
-            s0 + lane < S
-                ? exp2_approx((__ldcg(p.lse_partial + (s0 + lane) * rows + row) - L) * LOG2E)
-                : 0.f;
+        const float L_s = s0 == 0                ? L_lane
+                          : s0 + lane < S ? __ldcg(p.lse_partial + (s0 + lane) * rows + row)
+                                          : CUFLASH_NEG_INF;
+        const float w_lane = exp2_approx((L_s - L) * LOG2E);
         const int n = min(32, S - s0);
 #pragma unroll 4
         for (int j = 0; j < n; ++j) {
@@ -356,36 +359,50 @@ fa2_decode(const DecodeParams p) {
         }
     }
     __syncthreads();
+    // Per row r (a thread each): m = max_w m_w, l = sum_w e^(m_w - m) l_w, and in place of
+    // l_w the weight of O~_w in O = diag(l)^-1 O~, a_w = e^(m_w - m) / l (0 where the row saw
+    // no key of this split: l = 0), and in place of m_0 the row's L = m + log l. The weights
+    // are then computed once per row, not once per output column.
+    if (tid < B_r) {
+        const int r = tid;
+        float m = CUFLASH_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) m = fmaxf(m, cm[w * B_r + r]);
+        const float m_scaled = m == CUFLASH_NEG_INF ? 0.f : m * score.exp2_scale;
+        float a[NWARPS], l = 0.f;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) {  // e^(m_w - m), in the softmax's exp2 units
+            a[w] = exp2_approx(cm[w * B_r + r] * score.exp2_scale - m_scaled);
+            l = fmaf(a[w], cl[w * B_r + r], l);
+        }
+        const float inv_l = l == 0.f ? 0.f : 1.f / l;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) cl[w * B_r + r] = a[w] * inv_l;
+        cm[r] = l == 0.f ? CUFLASH_NEG_INF : m * score.lse_scale + logf(l);
+    }
+    __syncthreads();
     const int nheads = p.nheads;
     const bool partial = p.num_splits > 1;
     for (int i = tid; i < B_r * HD; i += Tile::NTHREADS) {
         const int r = i / HD, c = i % HD, pr = row_tile * B_r + r;
         if (pr >= packed_rows) continue;
-        float m = CUFLASH_NEG_INF;
+        // O = sum_w a_w O~_w
+        float out = 0.f;
 #pragma unroll
-        for (int w = 0; w < NWARPS; ++w) m = fmaxf(m, cm[w * B_r + r]);
-        const float m_scaled = m == CUFLASH_NEG_INF ? 0.f : m * score.exp2_scale;
-        float l = 0.f, acc = 0.f;
-#pragma unroll
-        for (int w = 0; w < NWARPS; ++w) {  // e^(m_w - m), in the softmax's exp2 units
-            const float a = exp2_approx(cm[w * B_r + r] * score.exp2_scale - m_scaled);
-            l = fmaf(a, cl[w * B_r + r], l);
-            acc = fmaf(a, cO[(w * B_r + r) * HD + c], acc);
-        }
-        // O = diag(l)^-1 O~ (0 where the row saw no key of this split), L = m + log l
-        const float out = l == 0.f ? 0.f : acc / l;
+        for (int w = 0; w < NWARPS; ++w)
+            out = fmaf(cl[w * B_r + r], cO[(w * B_r + r) * HD + c], out);
+        const float L = cm[r];
         const int g = pr / seqlen_q, posr = pr % seqlen_q, head = h0 + g;
         const long long row = ((long long)batch * nheads + head) * seqlen_q + posr;
         if (partial) {
             const long long at = (long long)split * p.batch * nheads * seqlen_q + row;
             if (c < p.d) p.o_partial[at * p.d + c] = out;
-            if (c == 0) p.lse_partial[at] = l == 0.f ? CUFLASH_NEG_INF
-                                                     : m * score.lse_scale + logf(l);
+            if (c == 0) p.lse_partial[at] = L;
         } else {
             if (c < p.d)
                 p.o[batch * p.o_stride_b + posr * p.o_stride_s + head * p.o_stride_h + c] =
                     T::from_float(out);
-            if (c == 0) p.lse[row] = l == 0.f ? CUFLASH_NEG_INF : m * score.lse_scale + logf(l);
+            if (c == 0) p.lse[row] = L;
         }
     }
 }
