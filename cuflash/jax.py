@@ -518,9 +518,10 @@ def _gpu_forward(opts, kept, ctx, outputs, q, k, v, slopes):
     callback's own) by the stream, the addresses and shapes, and launched straight away, with
     none of forward's checks, views or lookups. On the same addresses with the same shapes
     and options, every check forward made passes again, and the bytes it would pack are these
-    (_api._Repeat.filled). Without ALiBi only (forward keeps no launch with it)."""
+    (_api._Repeat.filled). FlashAttention-2 without ALiBi only (forward keeps no launch for
+    the others)."""
     key = None
-    if slopes is None:
+    if slopes is None and opts.algorithm == "fa2":
         key = (ctx.stream, _api._portable_only,
                *((c["data"][0], c["shape"]) for c in
                  (b.__cuda_array_interface__ for b in (*outputs, q, k, v))))
