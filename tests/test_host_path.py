@@ -185,21 +185,23 @@ def test_forward_packs_every_field_and_plans_the_grid(fake, causal, d, sk):
     assert p["scale_log2"] == pytest.approx(d ** -0.5 * np.log2(np.e), rel=1e-6)
 
 
+def _encode_words(addr, dtype, rank, ptr, dims, strides, box, elem, *modes):
+    """A stand-in for cuTensorMapEncodeTiled: the map's bytes are its arguments (data type,
+    rank, address, the four sizes, three byte strides, the box and the modes) as int64 words."""
+    import ctypes
+    words = [dtype, rank, ptr, *dims[:4], *strides[:3], *box[:4], *modes]
+    data = struct.pack(f"<{len(words)}q", *words)
+    ctypes.memmove(addr, data, len(data))
+    return 0
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [8, 64, 96, 128, 200, 256])
 def test_sm90_forward_packs_tensor_maps_and_fields(fake, monkeypatch, causal, d):
     """On an sm_90 GPU the forward launches the Hopper kernel with three tensor maps, each
     encoded from its array's address, (d, seqlen, heads, batch) sizes, byte strides and box,
     and the same fields as the portable forward."""
-    import ctypes
-
-    def encoder(addr, dtype, rank, ptr, dims, strides, box, elem, *modes):
-        words = [dtype, rank, ptr, *dims[:4], *strides[:3], *box[:4], *modes]
-        data = struct.pack(f"<{len(words)}q", *words)
-        ctypes.memmove(addr, data, len(data))
-        return 0
-
-    monkeypatch.setattr(_tma, "_encode", encoder)
+    monkeypatch.setattr(_tma, "_encode", _encode_words)
     monkeypatch.setattr(_tma, "_cache", {})
     q, k, v = _qkv(2, 333, 700, 8, 2, d, BF16)
     out, lse = _api.forward(q, k, v, causal=causal)
@@ -221,12 +223,6 @@ def test_sm90_forward_packs_tensor_maps_and_fields(fake, monkeypatch, causal, d)
     assert (p["seqlen_q"], p["seqlen_k"], p["d"], p["group"]) == (333, 700, d, 4)
 
 
-def _encode_pointer(addr, dtype, rank, ptr, dims, strides, box, elem, *modes):
-    """A stand-in tensor map encoder: the map's bytes name its address and sizes."""
-    import ctypes
-    data = struct.pack("<4q", dtype, ptr, dims[0], box[1])
-    ctypes.memmove(addr, data, len(data))
-    return 0
 
 
 @pytest.mark.parametrize("portable", [False, True])
@@ -237,7 +233,7 @@ def test_repeated_forward_packs_what_the_full_path_packs(fake, monkeypatch, port
     """A call with the signature of an earlier one launches the remembered kernel with the
     struct the full path would pack for its own arrays: every field, the tensor maps of its
     addresses included; given outputs too."""
-    monkeypatch.setattr(_tma, "_encode", _encode_pointer)
+    monkeypatch.setattr(_tma, "_encode", _encode_words)
     monkeypatch.setattr(_tma, "_cache", {})
     context = _api.portable_kernels if portable else contextlib.nullcontext
 
@@ -275,7 +271,7 @@ def test_repeated_forward_packs_what_the_full_path_packs(fake, monkeypatch, port
         assert (p["q"], p["k"], p["v"], p["o"], p["lse"]) == \
             tuple(x.data.ptr for x in arrays)
         if not portable:
-            assert [struct.unpack_from("<q", p[f], 8)[0] for f in ("tm_q", "tm_k", "tm_v")] == \
+            assert [struct.unpack_from("<q", p[f], 16)[0] for f in ("tm_q", "tm_k", "tm_v")] == \
                 [q.data.ptr, k.data.ptr, v.data.ptr]
     assert len({name for name, *_ in fake}) == 1  # (one kernel: the family asked for)
 
@@ -284,7 +280,7 @@ def test_repeated_forward_keeps_every_check(fake, monkeypatch):
     """What may differ between calls of one signature is still checked on a repeat: the
     arrays' types, the flags' types, alignment (a misaligned q is copied, as on the full path)
     and outputs that overlap the inputs; portable_kernels() is part of the signature."""
-    monkeypatch.setattr(_tma, "_encode", _encode_pointer)
+    monkeypatch.setattr(_tma, "_encode", _encode_words)
     monkeypatch.setattr(_tma, "_cache", {})
     q, k, v = _qkv(1, 64, 64, 2, 2, 64, BF16)
     out, lse = _api.forward(q, k, v, causal=True)
@@ -342,7 +338,7 @@ def test_repeated_forward_on_seen_addresses_launches_its_kept_struct(fake, monke
 
     def encoder(addr, dtype, rank, ptr, *rest):
         encoded.append(ptr)
-        return _encode_pointer(addr, dtype, rank, ptr, *rest)
+        return _encode_words(addr, dtype, rank, ptr, *rest)
     monkeypatch.setattr(_tma, "_encode", encoder)
     monkeypatch.setattr(_tma, "_cache", {})
     q, k, v = _qkv(1, 64, 64, 2, 2, 128, BF16)
@@ -387,7 +383,7 @@ def test_repeated_forward_on_seen_addresses_launches_its_kept_struct(fake, monke
 def test_unhashable_option_takes_the_full_path_and_its_message(fake, monkeypatch):
     """An option that cannot be hashed (the repeat lookup's key) is no repeat: the full path
     says what is wrong with it."""
-    monkeypatch.setattr(_tma, "_encode", _encode_pointer)
+    monkeypatch.setattr(_tma, "_encode", _encode_words)
     monkeypatch.setattr(_tma, "_cache", {})
     q, k, v = _qkv(1, 64, 64, 2, 2, 64, BF16)
     _api.forward(q, k, v, softcap=1.0)
@@ -399,7 +395,7 @@ def test_unhashable_option_takes_the_full_path_and_its_message(fake, monkeypatch
 def test_repeated_forward_restores_its_whole_struct(fake, monkeypatch):
     """Another call of the same kernel (another length and scale) packs the shared parameter
     buffer in between: a repeat launches with every field of its own call, not the last."""
-    monkeypatch.setattr(_tma, "_encode", _encode_pointer)
+    monkeypatch.setattr(_tma, "_encode", _encode_words)
     monkeypatch.setattr(_tma, "_cache", {})
     q, k, v = _qkv(1, 300, 300, 2, 2, 128, BF16)
     _api.forward(q, k, v)
