@@ -363,7 +363,8 @@ class DecodeConfig:
     def smem_bytes(self) -> int:
         # Q (16 x HD) + the larger of the warps' K/V rings and their combine (DecodeTile)
         kv = 2 * self.nwarps * self.stages * 2 * self.B_c * self.HD
-        combine = 4 * self.nwarps * self.B_r * (self.HD + 2)
+        # (the combine: O~_w rows of HD + 8 floats, m_w, l_w, two int64 offsets per row)
+        combine = 4 * self.nwarps * self.B_r * (self.HD + 10) + 16 * self.B_r
         return 2 * self.B_r * self.HD + max(kv, combine)
 
     def tile_asserts(self) -> list[str]:

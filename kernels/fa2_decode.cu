@@ -50,10 +50,13 @@ struct DecodeTile {
     static constexpr int KS_PV = B_c / 16;          // k16 steps of P~ V_j
     static constexpr int KV_ELEMS = B_c * HD;       // one K_j or V_j buffer
     // Shared memory, in bytes: Q (B_r x HD), then per warp STAGES x (K_j, V_j), 16-bit; the
-    // warps' combine reuses the K/V area: NWARPS x B_r x (HD + 2) floats (O~_w, m_w, l_w).
+    // warps' combine reuses the K/V area: NWARPS x B_r rows of O~_w (CS floats each: padded,
+    // so that the lanes' stores of a fragment's 8 rows fall on distinct banks), m_w and l_w,
+    // then two 64-bit offsets per row (where its O and L go).
+    static constexpr int CS = HD + 8;
     // (cuflash/_plan.py's DecodeConfig.smem_bytes; the compile check asserts they agree.)
     static constexpr int KV_BYTES = 2 * NWARPS * STAGES * 2 * KV_ELEMS;
-    static constexpr int COMBINE_BYTES = 4 * NWARPS * B_r * (HD + 2);
+    static constexpr int COMBINE_BYTES = 4 * NWARPS * B_r * (CS + 2) + 16 * B_r;
     static constexpr int SMEM_BYTES =
         2 * B_r * HD + (KV_BYTES > COMBINE_BYTES ? KV_BYTES : COMBINE_BYTES);
 
@@ -340,9 +343,11 @@ fa2_decode(const DecodeParams p) {
     __syncthreads();  // every warp is done with its K/V buffers: the combine reuses them
 
     // ---- the warps' combine: m = max_w m_w, l = sum_w e^(m_w - m) l_w, O~ likewise ---------
-    float* cO = reinterpret_cast<float*>(sKV);  // (NWARPS, B_r, HD)
-    float* cm = cO + NWARPS * B_r * HD;         // (NWARPS, B_r)
+    constexpr int CS = Tile::CS;
+    float* cO = reinterpret_cast<float*>(sKV);  // (NWARPS, B_r, CS)
+    float* cm = cO + NWARPS * B_r * CS;         // (NWARPS, B_r)
     float* cl = cm + NWARPS * B_r;              // (NWARPS, B_r)
+    long long* c_at = reinterpret_cast<long long*>(cl + NWARPS * B_r);  // (B_r, 2)
 #pragma unroll
     for (int e2 = 0; e2 < 2; ++e2) {
         const int r = lane / 4 + e2 * 8;
@@ -352,19 +357,20 @@ fa2_decode(const DecodeParams p) {
             cl[warp * B_r + r] = l_row;
         }
 #pragma unroll
-        for (int nt = 0; nt < NT_O; ++nt) {
-            float* dst = cO + (warp * B_r + r) * HD + nt * 8 + (lane % 4) * 2;
-            dst[0] = o[0][nt][e2 * 2];
-            dst[1] = o[0][nt][e2 * 2 + 1];
-        }
+        for (int nt = 0; nt < NT_O; ++nt)
+            *reinterpret_cast<float2*>(cO + (warp * B_r + r) * CS + nt * 8 + (lane % 4) * 2) =
+                make_float2(o[0][nt][e2 * 2], o[0][nt][e2 * 2 + 1]);
     }
     __syncthreads();
+    const int nheads = p.nheads;
+    const bool partial = p.num_splits > 1;
     // Per row r (a thread each): m = max_w m_w, l = sum_w e^(m_w - m) l_w, and in place of
     // l_w the weight of O~_w in O = diag(l)^-1 O~, a_w = e^(m_w - m) / l (0 where the row saw
-    // no key of this split: l = 0), and in place of m_0 the row's L = m + log l. The weights
-    // are then computed once per row, not once per output column.
+    // no key of this split: l = 0), in place of m_0 the row's L = m + log l, and where the
+    // row's O and L go (-1: a row past the tile's rows). The weights and the divisions are
+    // then done once per row, not once per output column.
     if (tid < B_r) {
-        const int r = tid;
+        const int r = tid, pr = row_tile * B_r + r;
         float m = CUFLASH_NEG_INF;
 #pragma unroll
         for (int w = 0; w < NWARPS; ++w) m = fmaxf(m, cm[w * B_r + r]);
@@ -379,30 +385,37 @@ fa2_decode(const DecodeParams p) {
 #pragma unroll
         for (int w = 0; w < NWARPS; ++w) cl[w * B_r + r] = a[w] * inv_l;
         cm[r] = l == 0.f ? CUFLASH_NEG_INF : m * score.lse_scale + logf(l);
+        long long o_at = -1, l_at = 0;
+        if (pr < packed_rows) {
+            const int g = pr / seqlen_q, posr = pr % seqlen_q, head = h0 + g;
+            const long long row = ((long long)batch * nheads + head) * seqlen_q + posr;
+            if (partial) {  // the float32 partials O_s, L_s (split-major)
+                l_at = (long long)split * p.batch * nheads * seqlen_q + row;
+                o_at = l_at * p.d;
+            } else {
+                l_at = row;
+                o_at = batch * p.o_stride_b + posr * p.o_stride_s + head * p.o_stride_h;
+            }
+        }
+        c_at[2 * r] = o_at;
+        c_at[2 * r + 1] = l_at;
     }
     __syncthreads();
-    const int nheads = p.nheads;
-    const bool partial = p.num_splits > 1;
     for (int i = tid; i < B_r * HD; i += Tile::NTHREADS) {
-        const int r = i / HD, c = i % HD, pr = row_tile * B_r + r;
-        if (pr >= packed_rows) continue;
+        const int r = i / HD, c = i % HD;
+        const long long o_at = c_at[2 * r];
+        if (o_at < 0) continue;
         // O = sum_w a_w O~_w
         float out = 0.f;
 #pragma unroll
         for (int w = 0; w < NWARPS; ++w)
-            out = fmaf(cl[w * B_r + r], cO[(w * B_r + r) * HD + c], out);
-        const float L = cm[r];
-        const int g = pr / seqlen_q, posr = pr % seqlen_q, head = h0 + g;
-        const long long row = ((long long)batch * nheads + head) * seqlen_q + posr;
+            out = fmaf(cl[w * B_r + r], cO[(w * B_r + r) * CS + c], out);
         if (partial) {
-            const long long at = (long long)split * p.batch * nheads * seqlen_q + row;
-            if (c < p.d) p.o_partial[at * p.d + c] = out;
-            if (c == 0) p.lse_partial[at] = L;
+            if (c < p.d) p.o_partial[o_at + c] = out;
+            if (c == 0) p.lse_partial[c_at[2 * r + 1]] = cm[r];
         } else {
-            if (c < p.d)
-                p.o[batch * p.o_stride_b + posr * p.o_stride_s + head * p.o_stride_h + c] =
-                    T::from_float(out);
-            if (c == 0) p.lse[row] = L;
+            if (c < p.d) p.o[o_at + c] = T::from_float(out);
+            if (c == 0) p.lse[c_at[2 * r + 1]] = cm[r];
         }
     }
 }
