@@ -288,6 +288,6 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
             kernels["main"](_registry.decode_grid(num_splits, units, row_tiles, batch),
                             cfg.threads, cfg.smem_bytes, stream, params)
             if num_splits > 1:
-                kernels["combine"](_registry.decode_combine_grid(batch * nheads * seqlen_q),
+                kernels["combine"](_registry.decode_combine_grid(batch, nheads * seqlen_q),
                                    128, 0, stream, params)
     return out, lse

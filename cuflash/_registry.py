@@ -278,9 +278,10 @@ def decode_grid(num_splits: int, units: int, row_tiles: int, batch: int) -> tupl
     return (num_splits, units * row_tiles, batch)
 
 
-def decode_combine_grid(rows: int) -> tuple:
-    """fa2_decode_combine: a warp per query row (batch x heads x seqlen_q), four per block."""
-    return ((rows + 3) // 4, 1, 1)
+def decode_combine_grid(batch: int, rows_per_entry: int) -> tuple:
+    """fa2_decode_combine: a warp per query row (heads x seqlen_q of each entry), four per
+    block, the entries along y (as the decode kernel's grid has them along z)."""
+    return ((rows_per_entry + 3) // 4, batch, 1)
 
 
 def decode_num_splits(batch: int, units: int, row_tiles: int, seqlen_k: int, slots: int,

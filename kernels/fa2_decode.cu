@@ -102,9 +102,10 @@ struct CacheRows {
 // that split's O_s at its columns c = lane + 32 k. No load waits on another, so the loads of
 // several splits are in flight at once. (__ldcg: each partial is read once, no use keeping it
 // in L1.)
+// (b, h, i): the row's batch entry, head and position (for O's strides).
 template <typename T>
 __device__ __forceinline__ void merge_splits(const DecodeParams& p, long long rows,
-                                             long long row, int lane) {
+                                             long long row, int b, int h, int i, int lane) {
     constexpr int COLS = 256 / 32;  // columns per lane (d <= 256)
     constexpr float LOG2E = 1.4426950408889634f;  // e^x = 2^(x log2(e))
     const int S = p.num_splits, d = p.d;
@@ -143,9 +144,6 @@ __device__ __forceinline__ void merge_splits(const DecodeParams& p, long long ro
                 if (lane + 32 * k < d) acc[k] = fmaf(w, __ldcg(o_s + lane + 32 * k), acc[k]);
         }
     }
-    // (b, h, i) of this row, for O's strides
-    const int i = row % p.seqlen_q, h = (row / p.seqlen_q) % p.nheads;
-    const int b = row / ((long long)p.seqlen_q * p.nheads);
     elem_t* out = p.o + b * p.o_stride_b + i * p.o_stride_s + h * p.o_stride_h;
 #pragma unroll
     for (int k = 0; k < COLS; ++k)
@@ -423,13 +421,18 @@ fa2_decode(const DecodeParams p) {
 }
 
 // The splits' combine (split-KV), after fa2_decode: a warp per query row (merge_splits).
+// Grid (ceil(nheads seqlen_q / 4), batch): the entry is the block's y, so that finding a
+// row's (b, h, i) takes two 32-bit divisions instead of three 64-bit ones (a subroutine each).
 // (__launch_bounds__(128, 4): with no minimum, ptxas for sm_90 kept 40 registers and spilled.)
 template <typename T>
 __global__ void __launch_bounds__(128, 4)
 fa2_decode_combine(const DecodeParams p) {
-    const long long rows = (long long)p.batch * p.nheads * p.seqlen_q;
-    const long long row = (long long)blockIdx.x * 4 + threadIdx.x / 32;
-    if (row < rows) merge_splits<T>(p, rows, row, threadIdx.x % 32);
+    const int per_entry = p.nheads * p.seqlen_q;  // (the query rows of one entry)
+    const int hi = blockIdx.x * 4 + threadIdx.x / 32, b = blockIdx.y;
+    if (hi >= per_entry) return;
+    const long long rows = (long long)p.batch * per_entry;
+    merge_splits<T>(p, rows, (long long)b * per_entry + hi, b, hi / p.seqlen_q,
+                    hi % p.seqlen_q, threadIdx.x % 32);
 }
 
 // k, v (batch, seqlen_new, heads_k, d): written into the cache at rows cache_seqlens[b] ..

@@ -39,7 +39,7 @@ def test_gqa_decode_splits_and_combines(launches):
     names = _plan.decode_kernel_names("bfloat16", cfg, False)
     assert (main, comb) == (names["main"], names["combine"])
     assert grid == (splits, 8, 3) and block == cfg.threads and smem == cfg.smem_bytes
-    assert cgrid == (-(-3 * 32 // 4), 1, 1) and cblock == 128
+    assert cgrid == (-(-32 // 4), 3, 1) and cblock == 128  # (rows of an entry, entries)
     assert (p["pack"], p["row_tiles"], p["group"], p["nheads"], p["batch"]) == (4, 1, 4, 32, 3)
     assert (p["num_splits"], p["seqlen_q"], p["seqlen_new"], p["d"]) == (splits, 1, 0, 128)
     assert (p["q"], p["k"], p["v"], p["o"], p["lse"]) == \
