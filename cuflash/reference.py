@@ -176,9 +176,14 @@ class Mask:
         """A lower key limit (a window's left side): blocks left of it are skipped too."""
         return self.window_left >= 0
 
+    @property
+    def offset(self) -> int:
+        """Row i's diagonal is key i + offset."""
+        return self.seqlen_k - self.seqlen_q + self.diag_shift
+
     def keys(self, row):
         """(lo, hi) of query row(s) `row` (NumPy arrays broadcast); none when hi < lo."""
-        diag = np.asarray(row) + self.seqlen_k - self.seqlen_q + self.diag_shift
+        diag = np.asarray(row) + self.offset
         hi = np.full(np.shape(row), self.seqlen_k - 1)
         if self.right >= 0:
             hi = np.minimum(hi, diag + self.right)
@@ -192,15 +197,14 @@ class Mask:
         above it)."""
         if self.right < 0:
             return 0
-        return max(0, col_lo - (self.seqlen_k - self.seqlen_q + self.diag_shift) - self.right)
+        return max(0, col_lo - self.offset - self.right)
 
     def last_row(self, col_hi: int) -> int:
         """The last query row that sees a key in [..., col_hi] (a lower limit cuts rows below;
         negative when none does)."""
         if not self.LOCAL:
             return self.seqlen_q - 1
-        return min(self.seqlen_q - 1,
-                   col_hi - (self.seqlen_k - self.seqlen_q + self.diag_shift) + self.window_left)
+        return min(self.seqlen_q - 1, col_hi - self.offset + self.window_left)
 
     def visible(self, xp=np):
         """Boolean (seqlen_q, seqlen_k): True where key j is visible from query i."""
@@ -235,13 +239,17 @@ class Score:
         if self.softcap > 0:
             S = self.softcap * xp.tanh(S / self.softcap)
         if self.alibi_slopes is not None:
-            slopes = xp.asarray(self.alibi_slopes).astype(S.dtype)
-            slopes = slopes[None, :, None, None] if slopes.ndim == 1 else slopes[:, :, None, None]
-            rows, cols = xp.asarray(rows), xp.asarray(cols)
-            diag = rows[:, None] + (seqlen_k - seqlen_q + self.diag_shift)
-            dist = xp.abs(diag - cols[None, :]).astype(S.dtype)
-            S = S - slopes * dist
+            slopes, diag, cols = self._alibi(xp, S.dtype, rows, cols, seqlen_q, seqlen_k)
+            S = S - slopes * xp.abs(diag - cols[None, :]).astype(S.dtype)
         return S
+
+    def _alibi(self, xp, dtype, rows, cols, seqlen_q: int, seqlen_k: int):
+        """ALiBi's pieces: the slopes shaped to broadcast over (batch, heads, rows, cols), each
+        row's diagonal key (len(rows), 1) and the columns as an array."""
+        slopes = xp.asarray(self.alibi_slopes).astype(dtype)
+        slopes = slopes[None, :, None, None] if slopes.ndim == 1 else slopes[:, :, None, None]
+        diag = xp.asarray(rows)[:, None] + (seqlen_k - seqlen_q + self.diag_shift)
+        return slopes, diag, xp.asarray(cols)
 
     def apply_split(self, xp, S_raw, rows, cols, seqlen_q: int, seqlen_k: int,
                     left_of_diagonal: bool):
@@ -255,11 +263,8 @@ class Score:
             return self.apply(xp, S_raw, rows, cols, seqlen_q, seqlen_k), 0.0
         plain = Score(self.scale, self.softcap, diag_shift=self.diag_shift)
         S = plain.apply(xp, S_raw, rows, cols, seqlen_q, seqlen_k)
-        slopes = xp.asarray(self.alibi_slopes).astype(S.dtype)
-        slopes = slopes[None, :, None, None] if slopes.ndim == 1 else slopes[:, :, None, None]
-        rows, cols = xp.asarray(rows), xp.asarray(cols)
+        slopes, diag, cols = self._alibi(xp, S.dtype, rows, cols, seqlen_q, seqlen_k)
         j0 = cols[0]
-        diag = rows[:, None] + (seqlen_k - seqlen_q + self.diag_shift)
         row_bias = -slopes * (diag - j0).astype(S.dtype)
         return S + slopes * (cols[None, :] - j0).astype(S.dtype), row_bias
 

@@ -113,7 +113,7 @@ fa1_forward(const FwdParams p) {
             if constexpr (ScoreScale::REWRITES) {  // the score hook (score.cuh)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const float dist = score.template diagonal<true>(
+                    const float dist = score.template diagonal<false>(
                         p, row0 + warp * 16 + lane / 4 + (e / 2) * 8, col0 + (lane % 4) * 2,
                         seqlen_q, seqlen_k);
 #pragma unroll
