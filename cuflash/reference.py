@@ -849,15 +849,20 @@ def num_splits_for(batch: int, heads_k: int, row_tiles: int, seqlen_k: int, num_
     2026-12-01 (PERFORMANCE.md): a thread block costs a few microseconds of its own (Q, the
     pipeline's fill, the warps' combine, its partials), and at batch 1 blocks on half the SMs
     read as fast as blocks on all of them. So:
-    - the blocks aim at half the slots (a paged cache: all of them; at batch 1 x 128k keys
-      it took 1.15-1.4x the contiguous time on half the SMs, 1.00-1.06x on all): 1 split
-      when batch x heads_k x row_tiles blocks already make 80% of that;
+    - the blocks aim at half the slots: 1 split when batch x heads_k x row_tiles blocks
+      already make 80% of that. A paged cache aims at all of them where its blocks would each
+      hold more than 2048 keys on half: a paged block reads more slowly (at batch 1 x 128k
+      keys half the slots took 1.15-1.4x the contiguous time, all of them 1.00-1.06x; batch
+      4 x 8k, 4k keys a block, 1.04-1.12x and 1.02-1.05x), but short (1k keys a block at
+      batch 1 x 8k) it pays more for the extra blocks (25.8-27.6 us on 8 splits, 28.8-29.0
+      on 16; session 9's sweep);
     - the splits leave each warp at least 2 column blocks on average (a 3-buffer pipeline then
       has both in flight; the last split may be shorter);
     - else the fewest splits within 5% of the best wave efficiency over the slots aimed at
       (thread blocks / (waves x those slots)), at most max_splits."""
     tiles = batch * heads_k * row_tiles
-    target = num_slots if paged else max(1, num_slots // 2)
+    half = max(1, num_slots // 2)
+    target = num_slots if paged and seqlen_k * tiles > 2048 * half else half
     if tiles == 0 or tiles >= 0.8 * target:  # (no tiles: nothing to split)
         return 1
     T_c = -(-seqlen_k // B_c)

@@ -282,7 +282,10 @@ def test_jitted_steps_queue_without_host_synchronisation():
     dev = _cuda_device()
     if dev is None:
         pytest.skip("JAX has no CUDA backend here")
-    (_, _, _), (Q, K, V) = _inputs(dev, [(4, 4096, 16, 128)] * 3, jnp.bfloat16)
+    # Steps of about 10 ms of GPU time each, so that a dispatch of a few ms per step (the
+    # suite's 16 workers share the CPU) still finishes well before the GPU does; at 4k tokens
+    # (about 3 ms a step) one loaded run's dispatch took 52% of the total.
+    (_, _, _), (Q, K, V) = _inputs(dev, [(4, 8192, 16, 128)] * 3, jnp.bfloat16)
     step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(cjax.flash_attention(
         q, k, v, causal=True).astype(jnp.float32)), argnums=(0, 1, 2)))
     # Compiled, and XLA's allocator grown to hold 20 steps' results: with

@@ -121,10 +121,14 @@ def test_num_splits_fills_half_the_gpu():
     assert ref.num_splits_for(1, 1, 1, 8 * 64, 132, 64, 8) == 1
     assert ref.num_splits_for(1, 1, 1, 64 * 64, 132, 64, 8) == 4
     assert ref.num_splits_for(1, 1, 1, 64 * 64, 132, 64, 4) == 8
-    # a paged cache aims at all the slots
-    s_paged = ref.num_splits_for(1, 8, 1, 32768, 132, 64, paged=True)
-    assert 8 * s_paged >= 0.8 * 132 and s_paged > ref.num_splits_for(1, 8, 1, 32768, 132, 64)
+    # a paged cache aims at all the slots where its blocks would be long (over 2048 keys each
+    # on half the slots), and at half where they would be short
+    s_paged = ref.num_splits_for(1, 8, 1, 131072, 132, 64, paged=True)
+    assert 8 * s_paged >= 0.8 * 132 and s_paged > ref.num_splits_for(1, 8, 1, 131072, 132, 64)
     assert ref.num_splits_for(8, 8, 1, 32768, 132, 64, paged=True) > 1
+    for n in (1024, 8192):
+        assert ref.num_splits_for(1, 8, 1, n, 132, 16, 8, paged=True) == \
+            ref.num_splits_for(1, 8, 1, n, 132, 16, 8)
 
 
 @pytest.mark.parametrize("seqlens, table, msg", [
