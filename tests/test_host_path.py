@@ -380,6 +380,47 @@ def test_repeated_forward_on_seen_addresses_launches_its_kept_struct(fake, monke
     assert 0 < len(rep.filled) <= 16
 
 
+@pytest.mark.parametrize("portable", [False, True])
+def test_repeated_forward_on_a_pools_addresses_launches_its_kept_struct(fake, monkeypatch,
+                                                                       portable):
+    """With out and lse allocated, a repeat whose two allocations land where an earlier
+    repeat's did (CuPy's pool does that for a caller that dropped them) launches that one's
+    struct without packing it again: the struct the full path packs for those arrays. A repeat
+    whose allocations land elsewhere packs its own."""
+    encoded = []
+
+    def encoder(addr, dtype, rank, ptr, *rest):
+        encoded.append(ptr)
+        return _encode_words(addr, dtype, rank, ptr, *rest)
+    monkeypatch.setattr(_tma, "_encode", encoder)
+    monkeypatch.setattr(_tma, "_cache", {})
+    monkeypatch.setattr(FakeArray, "_next", [1 << 36])
+    context = _api.portable_kernels if portable else contextlib.nullcontext
+    q, k, v = _qkv(1, 64, 64, 2, 2, 128, BF16)
+    pool = FakeArray._next[0]
+
+    def call(same_blocks=True):
+        if same_blocks:
+            FakeArray._next[0] = pool
+        with context():
+            return _api.forward(q, k, v, causal=True)
+    call()  # the full path, remembered
+    call()  # a repeat: packed, kept under its five addresses
+    ((_, rep),) = _api._repeats.items()
+    packed = fake[-1]
+    monkeypatch.setattr(_tma, "_cache", {})
+    n = len(encoded)
+    out, lse = call()  # the same blocks: straight to the kept struct
+    assert len(encoded) == n and fake[-1] == packed and len(rep.filled) == 1
+    assert (packed[4]["o"], packed[4]["lse"]) == (out.data.ptr, lse.data.ptr)
+    out2, lse2 = call(same_blocks=False)  # other blocks: packed for them
+    assert (fake[-1][4]["o"], fake[-1][4]["lse"]) == (out2.data.ptr, lse2.data.ptr)
+    assert out2.data.ptr != out.data.ptr and len(rep.filled) == 2
+    monkeypatch.setattr(_api, "_repeats", {})
+    call()  # the full path on the first blocks packs the kept struct
+    assert fake[-1] == packed
+
+
 def test_unhashable_option_takes_the_full_path_and_its_message(fake, monkeypatch):
     """An option that cannot be hashed (the repeat lookup's key) is no repeat: the full path
     says what is wrong with it."""
