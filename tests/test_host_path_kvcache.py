@@ -67,14 +67,20 @@ def test_split_choice_counts_the_tiles_an_sm_holds(launches):
         reference.num_splits_for(1, 8, 1, 8000, 132, 16)
 
 
-def test_paged_split_choice_aims_at_every_slot(launches):
-    """num_splits=0 on a paged cache takes the paged rule (all the slots, not half)."""
-    cfg = _plan.decode_config(128, 227 * 1024)
-    q, kc, vc = _arrays(1, 1, 32, 8, 128, None, pages=512, page=16)
-    _kvcache.forward_kvcache(q, kc, vc, [8000], block_table=[list(range(512))])
-    splits = reference.num_splits_for(1, 8, 1, 8000, 132, cfg.B_c, cfg.nwarps, paged=True)
-    assert launches[0][1] == (splits, 8, 1)
-    assert splits > reference.num_splits_for(1, 8, 1, 8000, 132, cfg.B_c, cfg.nwarps)
+def test_paged_split_choice_aims_at_every_slot_for_long_blocks(launches):
+    """num_splits=0 on a paged cache takes the paged rule: all the slots where its blocks on
+    half of them would each hold over 2048 keys (48k keys here), half where they would not
+    (8k keys: as a contiguous cache)."""
+    cfg = _plan.decode_config(32, 227 * 1024)
+    slots = 132 * cfg.blocks_per_sm(227 * 1024)
+    q, kc, vc = _arrays(1, 1, 32, 8, 32, None, pages=3072, page=16)
+    for n, more in ((48000, True), (8000, False)):
+        launches.clear()
+        _kvcache.forward_kvcache(q, kc, vc, [n], block_table=[list(range(3072))])
+        splits = reference.num_splits_for(1, 8, 1, n, slots, cfg.B_c, cfg.nwarps, paged=True)
+        assert launches[0][1] == (splits, 8, 1)
+        contiguous = reference.num_splits_for(1, 8, 1, n, slots, cfg.B_c, cfg.nwarps)
+        assert (splits > contiguous) == more, (n, splits, contiguous)
 
 
 def test_tile_too_large_for_the_gpu_is_refused(launches):
