@@ -329,11 +329,9 @@ def test_repeated_forward_keeps_every_check(fake, monkeypatch):
     assert len(fake) == n + 1
 
 
-def test_repeated_forward_on_seen_addresses_launches_its_kept_struct(fake, monkeypatch):
-    """With out and lse given (cuflash.jax's callbacks), a repeat on the five addresses of an
-    earlier repeat launches that one's struct without checking or packing them again (they
-    depend on the addresses alone); other addresses are checked and packed afresh, the
-    arrays' GPU is checked on every call, and the kept structs are bounded."""
+def _counting_encoder(monkeypatch) -> list:
+    """The stand-in tensor-map encoder, with an empty map cache; returns the list of the
+    addresses it is asked to encode, in order."""
     encoded = []
 
     def encoder(addr, dtype, rank, ptr, *rest):
@@ -341,6 +339,15 @@ def test_repeated_forward_on_seen_addresses_launches_its_kept_struct(fake, monke
         return _encode_words(addr, dtype, rank, ptr, *rest)
     monkeypatch.setattr(_tma, "_encode", encoder)
     monkeypatch.setattr(_tma, "_cache", {})
+    return encoded
+
+
+def test_repeated_forward_on_seen_addresses_launches_its_kept_struct(fake, monkeypatch):
+    """With out and lse given (cuflash.jax's callbacks), a repeat on the five addresses of an
+    earlier repeat launches that one's struct without checking or packing them again (they
+    depend on the addresses alone); other addresses are checked and packed afresh, the
+    arrays' GPU is checked on every call, and the kept structs are bounded."""
+    encoded = _counting_encoder(monkeypatch)
     q, k, v = _qkv(1, 64, 64, 2, 2, 128, BF16)
 
     def outs():
@@ -387,13 +394,7 @@ def test_repeated_forward_on_a_pools_addresses_launches_its_kept_struct(fake, mo
     repeat's did (CuPy's pool does that for a caller that dropped them) launches that one's
     struct without packing it again: the struct the full path packs for those arrays. A repeat
     whose allocations land elsewhere packs its own."""
-    encoded = []
-
-    def encoder(addr, dtype, rank, ptr, *rest):
-        encoded.append(ptr)
-        return _encode_words(addr, dtype, rank, ptr, *rest)
-    monkeypatch.setattr(_tma, "_encode", encoder)
-    monkeypatch.setattr(_tma, "_cache", {})
+    encoded = _counting_encoder(monkeypatch)
     monkeypatch.setattr(FakeArray, "_next", [1 << 36])
     context = _api.portable_kernels if portable else contextlib.nullcontext
     q, k, v = _qkv(1, 64, 64, 2, 2, 128, BF16)
