@@ -897,18 +897,17 @@ class _Repeat:
         if (out is not None or lse is not None) and self._overlap(q, k, v, out, lse):
             return None
         with _on_device(cupy, dev):
-            if out is None and lse is None:  # (the pool's blocks: often the last call's)
+            fresh = out is None and lse is None
+            if out is None:
                 out = cupy.empty(self.out_shape, dtype=self.dtype)
+            if lse is None:
                 lse = cupy.empty(self.lse_shape, dtype=cupy.float32)
+            if fresh:  # (the pool's blocks: often the last call's)
                 seen = (*ptrs, out.data.ptr, lse.data.ptr)
                 filled = self.filled.get(seen)
                 if filled is not None:
                     self._launch(filled, cupy.cuda.get_current_stream().ptr)
                     return out, lse
-            if out is None:
-                out = cupy.empty(self.out_shape, dtype=self.dtype)
-            if lse is None:
-                lse = cupy.empty(self.lse_shape, dtype=cupy.float32)
             maps = ()
             if self.tma:
                 maps = _tma.qkv_maps(q, k, v, *self.tma, bind=self.kernel.bind_thread)
