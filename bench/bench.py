@@ -22,16 +22,19 @@ GPU time between CUDA events recorded around each call, with the L2 cache flushe
 and the host issuing the calls back to back behind a kernel that holds the GPU until they
 are all queued (the GPU stays busy, so the host's launch preparation is not counted:
 triton.testing.do_bench's method, with nvbench's blocking kernel). The host time each call
-spends before it returns is a second, separate figure (host_us, median). Compilation is
-excluded. Memory: the peak device memory a call allocates beyond its inputs. --kv-heads runs
-GQA/MQA (torch: enable_gqa=True). bench/plot.py and bench/claims.py turn the JSON into the
-figure and the seed-claims report.
+spends before it returns is a second, separate figure (host_us, median). --rounds N times
+the providers of each point N times in turn (order reversed every other round) and reports
+the median of the rounds (for ratios near 1.0, where one run of each moves by a few %).
+Compilation is excluded. Memory: the peak device memory a call allocates beyond its
+inputs. --kv-heads runs GQA/MQA (torch: enable_gqa=True). bench/plot.py and bench/claims.py
+turn the JSON into the figure and the seed-claims report.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import platform
@@ -292,12 +295,17 @@ class Point:
 
 
 def run_point(cp, point, providers, reps, warmup, configs=None, measure_memory=False,
-              log=print):
+              log=print, rounds=1):
+    """Rows for `point`, one per provider (and tile): kernel time (median_ms), TFLOP/s, host
+    time per call. rounds > 1: every provider's inputs are made first, then the providers are
+    timed `rounds` times in turn (the order reversed every other round), and ms is the median
+    of the rounds' medians (ms_rounds lists them): a point's ratio then rests on alternated
+    runs, not on one run of each provider a few seconds apart."""
+    if rounds > 1:
+        return _run_point_rounds(cp, point, providers, reps, warmup, configs, measure_memory,
+                                 log, rounds)
     rows = []
-    def new_row(label):
-        return dict(provider=label, dtype=point.dtype_name, batch=point.b, heads=point.h,
-                    kv_heads=point.h_k, seqlen=point.n, headdim=point.d, causal=point.causal,
-                    which=point.which)
+    new_row = functools.partial(_new_row, point)
 
     for provider in providers:
         try:
@@ -331,6 +339,63 @@ def run_point(cp, point, providers, reps, warmup, configs=None, measure_memory=F
         if provider.startswith("torch-"):
             import torch
             torch.cuda.empty_cache()  # give torch's cached blocks back before the next point
+    return rows
+
+
+def _new_row(point, label):
+    return dict(provider=label, dtype=point.dtype_name, batch=point.b, heads=point.h,
+                kv_heads=point.h_k, seqlen=point.n, headdim=point.d, causal=point.causal,
+                which=point.which)
+
+
+def _run_point_rounds(cp, point, providers, reps, warmup, configs, measure_memory, log,
+                      rounds):
+    """run_point with rounds > 1 (see there)."""
+    rows, timed = [], []  # timed: (row, fn, slow) of each provider that ran once
+    for provider in providers:
+        try:
+            fns = point.callables(provider, None) if not configs or provider != "cuflash" \
+                else {k: v for cfg in configs for k, v in point.callables(provider, cfg).items()}
+        except Exception as exc:
+            row = _new_row(point, provider)
+            row.update(ms=None, tflops=None, error=f"{type(exc).__name__}: {str(exc)[:160]}")
+            rows.append(row)
+            log(row)
+            continue
+        for label, fn in fns.items():
+            row = _new_row(point, label)
+            try:
+                fn()  # compile and warm outside the timing
+                timed.append((row, fn, label in ("naive", "cuflash-fa1")))
+            except Exception as exc:
+                row.update(ms=None, tflops=None, error=f"{type(exc).__name__}: {str(exc)[:160]}")
+                rows.append(row)
+                log(row)
+    for r in range(rounds):
+        for row, fn, slow in timed if r % 2 == 0 else timed[::-1]:
+            if "error" in row:
+                continue
+            try:
+                row.setdefault("ms_rounds", []).append(
+                    median_ms(cp, fn, 1 if slow else warmup,
+                              max(3, reps // 5) if slow else reps))
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+    for row, fn, slow in timed:
+        if "error" in row:
+            row["ms"], row["tflops"] = None, None
+        else:
+            row["ms"] = float(np.median(row["ms_rounds"]))
+            row["tflops"] = point.flops / row["ms"] / 1e9
+            row["host_us"] = host_us(cp, fn, 3 if slow else 10)
+            if measure_memory:
+                row["extra_bytes"] = point.peak_extra_bytes(row["provider"], fn)
+        rows.append(row)
+        log(row)
+    del timed
+    cp.get_default_memory_pool().free_all_blocks()
+    if any(p.startswith("torch-") for p in providers) and "torch" in sys.modules:
+        sys.modules["torch"].cuda.empty_cache()
     return rows
 
 
@@ -392,6 +457,9 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=2048, help="grid: heads * headdim")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every provider this many times in turn at each point and "
+                         "report the median (run_point)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
@@ -428,7 +496,7 @@ def main(argv=None) -> int:
               f"h_k={args.kv_heads or args.heads} n={args.seqlen} d={args.headdim} "
               f"causal={args.causal} (kernel timing)")
         rows = run_point(cp, point, providers, args.reps, args.warmup, configs,
-                         log=lambda r: print(_fmt(r), flush=True))
+                         log=lambda r: print(_fmt(r), flush=True), rounds=args.rounds)
         ours = next((r for r in rows if r["provider"].startswith("cuflash") and r["ms"]), None)
         if ours:
             print("ratios (cuflash TFLOP/s / provider TFLOP/s):")
@@ -472,7 +540,7 @@ def main(argv=None) -> int:
             point = Point(cp, dt, b, h, n, d, causal, which)
             rows += run_point(cp, point, providers, args.reps, args.warmup,
                               measure_memory=which == "fwd",
-                              log=lambda r: print(_fmt(r), flush=True))
+                              log=lambda r: print(_fmt(r), flush=True), rounds=args.rounds)
             if args.json:  # after every point, so an interrupted run keeps what it measured
                 write_results(args.json, meta, rows)
         print(f"[{'#' * 30}] done in {time.perf_counter() - t0:.0f} s")

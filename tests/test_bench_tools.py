@@ -148,3 +148,42 @@ def test_varlen_bench_draws_a_mix_that_totals_the_tokens():
     assert vb.draw_lengths(65536) == lengths  # seeded
     assert vb.attention_flops([10, 20], 2, 8, False) == 4 * (100 + 400) * 8 * 2
     assert vb.attention_flops([10], 1, 8, True) == 4 * 100 * 8 / 2
+
+
+def test_run_point_rounds_alternates_providers_and_takes_the_median(monkeypatch):
+    """bench.run_point with rounds > 1: every provider timed once per round, in turn, the
+    order reversed every other round; ms is the median of its rounds; a provider that fails
+    to run reports its error and no time."""
+    import types
+
+    import bench
+    calls, times = [], {"a": [3.0, 1.0, 2.0], "b": [5.0, 4.0, 6.0]}
+
+    def median_ms(cp, fn, warmup, reps):
+        calls.append(fn.label)
+        return times[fn.label][sum(1 for c in calls if c == fn.label) - 1]
+    monkeypatch.setattr(bench, "median_ms", median_ms)
+    monkeypatch.setattr(bench, "host_us", lambda cp, fn, reps: 1.0)
+
+    def fn(label, fails=False):
+        def f():
+            if fails:
+                raise RuntimeError("no kernel for this shape")
+        f.label = label
+        return f
+
+    class Point:
+        dtype_name, b, h, h_k, n, d, causal, which, flops = "bf16", 1, 1, 1, 8, 8, False, \
+            "fwd", 2e9
+
+        def callables(self, provider, cfg):
+            return {"a": {"a": fn("a")}, "b": {"b": fn("b")},
+                    "c": {"c": fn("c", fails=True)}}[provider]
+    cp = types.SimpleNamespace(get_default_memory_pool=lambda: types.SimpleNamespace(
+        free_all_blocks=lambda: None))
+    rows = bench.run_point(cp, Point(), ["a", "c", "b"], 20, 3, log=lambda r: None, rounds=3)
+    assert calls == ["a", "b", "b", "a", "a", "b"]
+    by = {r["provider"]: r for r in rows}
+    assert by["a"]["ms"] == 2.0 and by["a"]["ms_rounds"] == [3.0, 1.0, 2.0]
+    assert by["b"]["ms"] == 5.0 and by["b"]["tflops"] == 2e9 / 5.0 / 1e9
+    assert by["c"]["ms"] is None and "no kernel" in by["c"]["error"]
