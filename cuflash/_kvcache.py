@@ -257,11 +257,11 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
             num_splits = _registry.decode_num_splits(batch, units, row_tiles, longest, slots,
                                                      cfg, paged)
         partial = {}
-        if num_splits > 1:
+        if num_splits > 1:  # O_s (splits, rows, d), then L_s (splits, rows): one allocation
             rows = batch * nheads * seqlen_q
-            o_partial = cupy.empty((num_splits, rows, d), dtype=cupy.float32)
-            lse_partial = cupy.empty((num_splits, rows), dtype=cupy.float32)
-            partial = {"o_partial": o_partial.data.ptr, "lse_partial": lse_partial.data.ptr}
+            partials = cupy.empty(num_splits * rows * (d + 1), dtype=cupy.float32)
+            partial = {"o_partial": partials.data.ptr,
+                       "lse_partial": partials.data.ptr + 4 * num_splits * rows * d}
         new = {}
         if k is not None and seqlen_new:
             new = {"k_new": k.data.ptr, "v_new": v.data.ptr, "kn_strides": _api._strides(k),

@@ -12,6 +12,7 @@ the kernels they shape.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -287,10 +288,16 @@ def decode_combine_grid(batch: int, rows_per_entry: int) -> tuple:
 def decode_num_splits(batch: int, units: int, row_tiles: int, seqlen_k: int, slots: int,
                       cfg, paged: bool) -> int:
     """num_splits=0's choice for tile cfg (cuflash/reference.py num_splits_for; slots: the SMs
-    times the tile's thread blocks per SM)."""
+    times the tile's thread blocks per SM). Kept per arguments: a decode loop asks the same
+    question every step (with lengths on the GPU, seqlen_k is the cache's capacity)."""
+    return _num_splits(batch, units, row_tiles, seqlen_k, slots, cfg.B_c, cfg.nwarps, paged)
+
+
+@functools.lru_cache(maxsize=4096)
+def _num_splits(batch, units, row_tiles, seqlen_k, slots, B_c, nwarps, paged) -> int:
     from . import reference
-    return reference.num_splits_for(batch, units, row_tiles, seqlen_k, slots, cfg.B_c,
-                                     cfg.nwarps, paged=paged)
+    return reference.num_splits_for(batch, units, row_tiles, seqlen_k, slots, B_c, nwarps,
+                                     paged=paged)
 
 
 FA2_DECODE = Variant(
