@@ -179,6 +179,18 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
     planner's): the tests' hook to run every tile of the table on one GPU."""
     cupy = _api._cupy()
     _api._require_gpu(cupy)
+    key = _repeat_key(cupy, q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal,
+                      softmax_scale, window_size, softcap, alibi_slopes, num_splits,
+                      check_inputs, config, out, lse)
+    if key is not None:
+        try:
+            rep = _repeats.get(key)
+        except TypeError:  # (an unhashable option: the full path says what is wrong)
+            key = rep = None
+        if rep is not None:
+            got = rep.run(cupy, q, k_cache, v_cache, cache_seqlens, k, v, block_table)
+            if got is not None:
+                return got
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         if x is not None:
             _api._check_type(cupy, name, x)
@@ -239,9 +251,11 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
             cache_seqlens = cupy.asarray(np.asarray(lens_host, dtype=np.int32))
         if paged and not isinstance(block_table, cupy.ndarray):
             block_table = cupy.asarray(np.ascontiguousarray(table_host, dtype=np.int32))
+        given = (q, k, v)
         q = _api._aligned(cupy, q)
         if k is not None:  # (the append copies 16 bytes at a time)
             k, v = _api._aligned(cupy, k), _api._aligned(cupy, v)
+        as_given = (q, k, v) == given  # (no aligned copy: a repeat may pack the same)
         HD = _plan.head_dim_bucket(d)
         plan, kernels, params = _api._prepared(
             _launches, (device_id, q.dtype, d, upper, local, hooked, config),
@@ -281,13 +295,119 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
                         block_table_stride=block_table.shape[1] if paged else 0,
                         softmax_scale=scale, scale_log2=scale * _api._LOG2E,
                         **new, **partial, **features)
+            launches = []  # (kernel, grid, threads, shared memory), in order
             if seqlen_new:  # the new keys into the cache, then attend (one stream: in order)
-                kernels["append"]((seqlen_new, nheads_k, batch), 128, 0, stream, params)
-            if out.size == 0:  # (an append without queries)
-                return out, lse
-            kernels["main"](_registry.decode_grid(num_splits, units, row_tiles, batch),
-                            cfg.threads, cfg.smem_bytes, stream, params)
-            if num_splits > 1:
-                kernels["combine"](_registry.decode_combine_grid(batch, nheads * seqlen_q),
-                                   128, 0, stream, params)
+                launches.append((kernels["append"], (seqlen_new, nheads_k, batch), 128, 0))
+            if out.size:  # (else an append without queries)
+                launches.append((kernels["main"],
+                                 _registry.decode_grid(num_splits, units, row_tiles, batch),
+                                 cfg.threads, cfg.smem_bytes))
+                if num_splits > 1:
+                    launches.append((kernels["combine"],
+                                     _registry.decode_combine_grid(batch, nheads * seqlen_q),
+                                     128, 0))
+            for kernel, grid, threads, smem in launches:
+                kernel(grid, threads, smem, stream, params)
+            if key is not None and as_given and out.size and lens_host is None and \
+                    table_host is None:  # (lengths and table on the GPU: nothing to check)
+                _api._keep(_repeats, key, _DecodeRepeat(
+                    device_id, launches, params, bytes(params.buf), out, lse,
+                    num_splits * batch * nheads * seqlen_q if num_splits > 1 else 0, d))
     return out, lse
+
+
+# --- repeated calls (a decode loop) -----------------------------------------------------------
+# A serving loop calls forward_kvcache with the same layouts and options every step, lengths
+# and block table on the GPU (trusted: nothing to check on the host). The first call of each
+# signature takes the path above; its launches are remembered, and a later call with that
+# signature checks what can differ between such calls (the arrays' types and GPU, their
+# alignment, and with an append that the caches share no memory with q, k and v), allocates
+# the outputs and the splits' partials, writes its addresses into the remembered struct and
+# launches. Anything else takes the full path, which raises the usual errors.
+
+_repeats: dict = {}
+
+
+def _repeat_key(cupy, q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal,
+                softmax_scale, window_size, softcap, alibi_slopes, num_splits, check_inputs,
+                config, out, lse):
+    """The signature under which a call's launches are remembered (q's GPU, the layouts and
+    dtypes of every array, each option with its type), or None for a call that is not
+    remembered: lengths or block table from the host (checked every call), ALiBi's slopes, a
+    tile asked for, given outputs, check_inputs. Not hashed here (the caller's lookup)."""
+    if alibi_slopes is not None or config is not None or check_inputs is not False or \
+            out is not None or lse is not None or type(window_size) is not tuple or \
+            type(cache_seqlens) is not cupy.ndarray or \
+            block_table is not None and type(block_table) is not cupy.ndarray:
+        return None
+    try:
+        return (q.data.device_id, type(q), q.shape, q.strides, q.dtype) + tuple(
+            None if x is None else (type(x), x.shape, x.strides, x.dtype)
+            for x in (k_cache, v_cache, k, v, cache_seqlens, block_table)) + (
+            type(causal), causal, type(softmax_scale), softmax_scale,
+            tuple(map(type, window_size)), window_size, type(softcap), softcap,
+            type(num_splits), num_splits)
+    except Exception:  # (not arrays: the full path says what is wrong)
+        return None
+
+
+class _DecodeRepeat:
+    """One remembered forward_kvcache call (see above)."""
+
+    __slots__ = ("device_id", "launches", "params", "template", "offsets", "out_shape",
+                 "dtype", "lse_shape", "partial_floats", "d")
+
+    def __init__(self, device_id, launches, params, template, out, lse, partial_floats, d):
+        self.device_id, self.launches, self.params, self.template = \
+            device_id, tuple(launches), params, template
+        at = {name: off for name, _, _, off in params.struct.members}
+        self.offsets = tuple(at[n] for n in ("q", "k", "v", "o", "lse", "cache_seqlens",
+                                             "block_table", "k_new", "v_new", "o_partial",
+                                             "lse_partial"))
+        self.out_shape, self.dtype, self.lse_shape = out.shape, out.dtype, lse.shape
+        self.partial_floats, self.d = partial_floats, d  # (splits x rows; 0: one split)
+
+    def run(self, cupy, q, k_cache, v_cache, cache_seqlens, k, v, block_table):
+        """(out, lse) of the remembered launches on these arrays, or None where the call
+        needs the full path (an array that is not CuPy's or on another GPU, an address off
+        its 16-byte grid, an append whose caches share memory with q, k or v)."""
+        nd, dev = cupy.ndarray, self.device_id
+        arrays = (q, k_cache, v_cache, cache_seqlens) + \
+            (() if block_table is None else (block_table,)) + (() if k is None else (k, v))
+        for x in arrays:
+            if not isinstance(x, nd) or x.data.device_id != dev:
+                return None
+        ptrs = [q.data.ptr, k_cache.data.ptr, v_cache.data.ptr]
+        append = k is not None and k.shape[1] > 0
+        if append:
+            ptrs += [k.data.ptr, v.data.ptr]
+        if any(ptr % 16 for ptr in ptrs):
+            return None
+        if append:  # (it writes the caches: the full path's test, as a bool)
+            try:
+                _api._check_no_overlap({"k_cache": k_cache, "v_cache": v_cache},
+                                       {"q": q, "k": k, "v": v})
+            except ValueError:
+                return None
+        with _api._on_device(cupy, dev):
+            out = cupy.empty(self.out_shape, dtype=self.dtype)
+            lse = cupy.empty(self.lse_shape, dtype=cupy.float32)
+            o_partial = lse_partial = 0
+            if self.partial_floats:
+                partials = cupy.empty(self.partial_floats * (self.d + 1), dtype=cupy.float32)
+                o_partial = partials.data.ptr
+                lse_partial = o_partial + 4 * self.partial_floats * self.d
+            values = (ptrs[0], ptrs[1], ptrs[2], out.data.ptr, lse.data.ptr,
+                      cache_seqlens.data.ptr, 0 if block_table is None else block_table.data.ptr,
+                      ptrs[3] if append else 0, ptrs[4] if append else 0, o_partial,
+                      lse_partial)
+            filled = bytearray(self.template)
+            for off, value in zip(self.offsets, values):
+                _api._U64.pack_into(filled, off, value)
+            stream = cupy.cuda.get_current_stream().ptr
+            params = self.params
+            with params.lock:
+                params.buf[:] = filled
+                for kernel, grid, threads, smem in self.launches:
+                    kernel(grid, threads, smem, stream, params)
+        return out, lse

@@ -15,6 +15,7 @@ BF16 = ml_dtypes.bfloat16
 @pytest.fixture
 def launches(fake, monkeypatch):  # noqa: F811
     monkeypatch.setattr(_kvcache, "_launches", {})
+    monkeypatch.setattr(_kvcache, "_repeats", {})
     return fake
 
 
@@ -193,3 +194,87 @@ def test_given_out_and_lse_are_written(launches):
     with pytest.raises(ValueError, match="share memory|overlap"):
         _kvcache.forward_kvcache(q, kc, vc, [3, 7], k=k, v=v,
                                  out=FakeArray(np.zeros(q.shape, BF16), ptr=kc.data.ptr))
+
+
+def _decode_inputs(paged, append):
+    """Fresh arrays of one decode signature: 2 entries, 32/8 heads, d 128, lengths 100 and
+    300 on the GPU; paged: 64 pages of 16 keys (a device table); append: that many new keys."""
+    if paged:
+        q, kc, vc, *new = _arrays(2, 1, 32, 8, 128, None, pages=64, page=16, new=append)
+        table = FakeArray(np.arange(64, dtype=np.int32).reshape(2, 32))
+    else:
+        q, kc, vc, *new = _arrays(2, 1, 32, 8, 128, 512, new=append)
+        table = None
+    lens = FakeArray(np.array([100, 300], np.int32))
+    return q, kc, vc, lens, table, dict(k=new[0], v=new[1]) if append else {}
+
+
+_FRESH = ("o", "lse", "o_partial", "lse_partial")  # (each call's own allocations)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("append", [0, 3])
+@pytest.mark.parametrize("options", [{}, {"causal": True, "window_size": (50, 0),
+                                          "softcap": 5.0, "num_splits": 1}])
+def test_repeated_kvcache_call_packs_what_the_full_path_packs(launches, monkeypatch, paged,
+                                                              append, options):
+    """A call with the signature of an earlier one (lengths and table on the GPU) launches
+    the remembered kernels with the struct the full path packs for its own arrays, without
+    the full path's checks; its outputs are the addresses it packs."""
+    checked = []
+    check = _kvcache._check_lengths_and_table
+    monkeypatch.setattr(_kvcache, "_check_lengths_and_table",
+                        lambda *a, **kw: checked.append(1) or check(*a, **kw))
+
+    def call(inputs):
+        q, kc, vc, lens, table, kv = inputs
+        before = len(launches)
+        out, lse = _kvcache.forward_kvcache(q, kc, vc, lens, block_table=table, **kv,
+                                            **options)
+        return launches[before:], out, lse
+
+    call(_decode_inputs(paged, append))  # the full path, remembered
+    assert len(_kvcache._repeats) == 1 and len(checked) == 1
+    inputs = _decode_inputs(paged, append)
+    repeat, out, lse = call(inputs)  # a repeat on new arrays
+    assert len(checked) == 1  # (not the full path)
+    assert len(repeat) == (2 if append else 1) + (options.get("num_splits", 0) != 1)
+    p = repeat[-1][4]
+    assert (p["o"], p["lse"]) == (out.data.ptr, lse.data.ptr)
+    assert p["q"] == inputs[0].data.ptr and p["cache_seqlens"] == inputs[3].data.ptr
+    monkeypatch.setattr(_kvcache, "_repeats", {})
+    full, _, _ = call(inputs)  # the same arrays on the full path
+    assert len(checked) == 2
+    for (r_name, r_grid, r_block, r_smem, r_p), (f_name, f_grid, f_block, f_smem, f_p) in \
+            zip(repeat, full, strict=True):
+        assert (r_name, r_grid, r_block, r_smem) == (f_name, f_grid, f_block, f_smem)
+        assert {k: v for k, v in r_p.items() if k not in _FRESH} == \
+            {k: v for k, v in f_p.items() if k not in _FRESH}
+        assert all(bool(r_p[k]) == bool(f_p[k]) for k in _FRESH)
+
+
+def test_repeated_kvcache_call_keeps_every_check(launches):
+    """What may differ between calls of one signature is still checked on a repeat (the full
+    path runs and raises its errors): an array that is not CuPy's, one on another GPU, a
+    cache off its 16-byte grid, an append whose cache shares memory with k; a misaligned q
+    is copied as on the full path. Lengths from the host are checked on every call."""
+    q, kc, vc, lens, _, kv = _decode_inputs(False, 3)
+    _kvcache.forward_kvcache(q, kc, vc, lens, **kv)
+    _kvcache.forward_kvcache(q, kc, vc, lens, **kv)
+    assert len(_kvcache._repeats) == 1
+    with pytest.raises(TypeError, match="numpy.ndarray"):
+        _kvcache.forward_kvcache(q, kc.a, vc, lens, **kv)
+    k1 = FakeArray(kc.a.copy())
+    k1.data.device_id = 1
+    with pytest.raises(ValueError, match="same GPU"):
+        _kvcache.forward_kvcache(q, k1, vc, lens, **kv)
+    with pytest.raises(ValueError, match="16-byte boundary"):
+        _kvcache.forward_kvcache(q, FakeArray(kc.a.copy(), (1 << 40) + 8), vc, lens, **kv)
+    with pytest.raises(ValueError, match="shares memory"):
+        _kvcache.forward_kvcache(q, kc, vc, lens, k=FakeArray(kv["k"].a.copy(), kc.data.ptr),
+                                 v=kv["v"])
+    odd = FakeArray(q.a.copy(), (1 << 41) + 2)
+    _kvcache.forward_kvcache(odd, kc, vc, lens, **kv)
+    assert launches[-1][4]["q"] % 16 == 0 and launches[-1][4]["q"] != odd.data.ptr
+    with pytest.raises(ValueError):  # (host lengths past the cache: the full path's check)
+        _kvcache.forward_kvcache(q, kc, vc, [100, 600], **kv)
