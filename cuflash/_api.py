@@ -851,6 +851,15 @@ def _repeat_key(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, co
 _U64 = struct.Struct("<Q")
 
 
+def _with_addresses(template: bytes, offsets, addresses) -> bytearray:
+    """A remembered parameter struct (its bytes) with these 64-bit addresses written at these
+    offsets: what a repeated call launches (_Repeat here, _kvcache._DecodeRepeat)."""
+    filled = bytearray(template)
+    for off, address in zip(offsets, addresses):
+        _U64.pack_into(filled, off, address)
+    return filled
+
+
 class _Repeat:
     """One remembered forward launch (see above)."""
 
@@ -913,9 +922,8 @@ class _Repeat:
                 maps = _tma.qkv_maps(q, k, v, *self.tma, bind=self.kernel.bind_thread)
                 if maps is None:
                     return None
-            filled, offsets = bytearray(self.template), self.offsets
-            for off, ptr in zip(offsets, (*ptrs, out.data.ptr, lse.data.ptr)):
-                _U64.pack_into(filled, off, ptr)
+            offsets = self.offsets
+            filled = _with_addresses(self.template, offsets, (*ptrs, out.data.ptr, lse.data.ptr))
             for off, m in zip(offsets[5:], maps):
                 filled[off:off + len(m)] = m
             if seen is not None:

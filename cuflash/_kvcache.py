@@ -401,9 +401,7 @@ class _DecodeRepeat:
                       cache_seqlens.data.ptr, 0 if block_table is None else block_table.data.ptr,
                       ptrs[3] if append else 0, ptrs[4] if append else 0, o_partial,
                       lse_partial)
-            filled = bytearray(self.template)
-            for off, value in zip(self.offsets, values):
-                _api._U64.pack_into(filled, off, value)
+            filled = _api._with_addresses(self.template, self.offsets, values)
             stream = cupy.cuda.get_current_stream().ptr
             params = self.params
             with params.lock:
