@@ -255,7 +255,8 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
         q = _api._aligned(cupy, q)
         if k is not None:  # (the append copies 16 bytes at a time)
             k, v = _api._aligned(cupy, k), _api._aligned(cupy, v)
-        as_given = (q, k, v) == given  # (no aligned copy: a repeat may pack the same)
+        # (no aligned copy: a repeat may pack the same; `is`, since CuPy's == is elementwise)
+        as_given = all(x is y for x, y in zip((q, k, v), given))
         HD = _plan.head_dim_bucket(d)
         plan, kernels, params = _api._prepared(
             _launches, (device_id, q.dtype, d, upper, local, hooked, config),

@@ -273,8 +273,16 @@ def test_repeated_kvcache_call_keeps_every_check(launches):
     with pytest.raises(ValueError, match="shares memory"):
         _kvcache.forward_kvcache(q, kc, vc, lens, k=FakeArray(kv["k"].a.copy(), kc.data.ptr),
                                  v=kv["v"])
-    odd = FakeArray(q.a.copy(), (1 << 41) + 2)
+    class Elementwise(FakeArray):  # (== as CuPy's: an array, whose truth value raises)
+        def __eq__(self, other):
+            return self.a == getattr(other, "a", other)
+        __hash__ = FakeArray.__hash__
+
+    odd = Elementwise(q.a.copy(), (1 << 41) + 2)
     _kvcache.forward_kvcache(odd, kc, vc, lens, **kv)
     assert launches[-1][4]["q"] % 16 == 0 and launches[-1][4]["q"] != odd.data.ptr
+    k_odd = Elementwise(kv["k"].a.copy(), (1 << 42) + 2)
+    _kvcache.forward_kvcache(q, kc, vc, lens, k=k_odd, v=kv["v"])
+    assert launches[-2][4]["k_new"] % 16 == 0 and launches[-2][4]["k_new"] != k_odd.data.ptr
     with pytest.raises(ValueError):  # (host lengths past the cache: the full path's check)
         _kvcache.forward_kvcache(q, kc, vc, [100, 600], **kv)
