@@ -12,6 +12,8 @@ streaming 4 GiB).
     python bench/decode_bench.py --batches 16 --seqlens 32768 --json out.json
     python bench/decode_bench.py --configs 32x4x3,16x4x3   # tile shapes (B_c x warps x stages)
                                                            # side by side, as cuflash[32x4x3]
+    python bench/decode_bench.py --batches 1,16 --rounds 5  # each point 5 times, alternated:
+                                                            # the median (ratios near 1.0)
 """
 
 from __future__ import annotations
@@ -66,6 +68,10 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default="",
                     help="decode tiles to run besides the planner's, B_cxWARPSxSTAGES "
                          "(comma-separated), on every cuflash layout")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run each point's layouts and providers this many times, the order "
+                         "reversed every other round (each rebuilt per round), and report the "
+                         "median (for ratios near 1.0)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
@@ -91,38 +97,51 @@ def main(argv=None) -> int:
             if 2 * kv_bytes > 0.8 * cp.cuda.runtime.memGetInfo()[0]:
                 print(f"batch {batch} n {n}: skipped (K and V need {kv_bytes / 2**30:.0f} GiB)")
                 continue
-            # one layout at a time (each its own copy of the caches, freed after)
-            for name in ["cuflash", "cuflash-bhnd"] \
-                    + [f"cuflash-paged{x}" for x in args.pages.split(",") if x] \
-                    + [x for x in args.providers.split(",") if x.startswith("torch-")]:
-                try:
-                    fn = _layout(cp, cuflash, name, batch, h, hk, n, d, dt, args.dtype)
-                except Exception as e:  # (torch missing, or the backend refuses the shape)
-                    print(f"  {name}: skipped ({type(e).__name__}: {e})", flush=True)
-                    continue
-                for tag, cfg in (configs if name.startswith("cuflash") else {"": None}).items():
-                    call = fn if cfg is None else functools.partial(fn, config=cfg)
-                    try:
-                        call()
-                        ms = bench.median_ms(cp, call, 3, args.reps)
-                    except Exception as e:  # (a tile that does not build or launch here)
-                        print(f"  {name + tag}: failed ({type(e).__name__}: {e})"[:300],
-                              flush=True)
-                        continue
-                    gbs = kv_bytes / ms / 1e6
-                    rows.append(dict(provider=name + tag, batch=batch, seqlen_k=n, heads=h,
-                                     heads_k=hk, headdim=d, dtype=args.dtype, ms=ms,
-                                     kv_gbs=gbs, of_hbm=gbs / peak))
-                    print(f"batch {batch:3d} n {n:6d} {name + tag:28} {ms:8.3f} ms  "
-                          f"{gbs:7.0f} GB/s  {gbs / peak:5.2f} of HBM", flush=True)
-                del fn
-                cp.get_default_memory_pool().free_all_blocks()
-                if name.startswith("torch-"):
-                    import torch
-                    torch.cuda.empty_cache()
+            names = ["cuflash", "cuflash-bhnd"] \
+                + [f"cuflash-paged{x}" for x in args.pages.split(",") if x] \
+                + [x for x in args.providers.split(",") if x.startswith("torch-")]
+            times: dict = {}  # provider (and tile) -> its ms, one per round
+            for r in range(args.rounds):
+                # one layout at a time (each its own copy of the caches, freed after)
+                for name in names if r % 2 == 0 else names[::-1]:
+                    _time_layout(cp, cuflash, name, batch, h, hk, n, d, dt, args, configs,
+                                 times)
+            for label, ms_rounds in times.items():
+                ms = float(np.median(ms_rounds))
+                gbs = kv_bytes / ms / 1e6
+                rows.append(dict(provider=label, batch=batch, seqlen_k=n, heads=h,
+                                 heads_k=hk, headdim=d, dtype=args.dtype, ms=ms,
+                                 kv_gbs=gbs, of_hbm=gbs / peak,
+                                 **({"ms_rounds": ms_rounds} if args.rounds > 1 else {})))
+                print(f"batch {batch:3d} n {n:6d} {label:28} {ms:8.3f} ms  "
+                      f"{gbs:7.0f} GB/s  {gbs / peak:5.2f} of HBM"
+                      + (f"  (median of {len(ms_rounds)})" if args.rounds > 1 else ""),
+                      flush=True)
     if args.json:
         bench.script_results(args.json, cp, rows, hbm_read_gbs=peak)
     return 0
+
+
+def _time_layout(cp, cuflash, name, batch, h, hk, n, d, dt, args, configs, times) -> None:
+    """Provider `name` at one point: its inputs built, each tile timed (kernel timing), the ms
+    appended to times[label], the inputs freed."""
+    try:
+        fn = _layout(cp, cuflash, name, batch, h, hk, n, d, dt, args.dtype)
+    except Exception as e:  # (torch missing, or the backend refuses the shape)
+        print(f"  {name}: skipped ({type(e).__name__}: {e})", flush=True)
+        return
+    for tag, cfg in (configs if name.startswith("cuflash") else {"": None}).items():
+        call = fn if cfg is None else functools.partial(fn, config=cfg)
+        try:
+            call()
+            times.setdefault(name + tag, []).append(bench.median_ms(cp, call, 3, args.reps))
+        except Exception as e:  # (a tile that does not build or launch here)
+            print(f"  {name + tag}: failed ({type(e).__name__}: {e})"[:300], flush=True)
+    del fn
+    cp.get_default_memory_pool().free_all_blocks()
+    if name.startswith("torch-"):
+        import torch
+        torch.cuda.empty_cache()
 
 
 def _randn(cp, shape, dt):
