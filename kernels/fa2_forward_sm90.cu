@@ -462,9 +462,8 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         // ~3900 cycles a tile). O starts on a 16-byte boundary with strides that are multiples
         // of 8 elements (cuflash/_api.py checks a given out; a new one is contiguous).
         // (a packed entry's offsets and length loaded again, not kept through the loop: kept,
-        // the causal 128x176 (d 128) and 192x128 (d 64) packed tiles spilled 4-20 bytes; the
-        // dense tiles keep theirs, which come from the parameters)
-        const SeqInfo out_seq = SeqT::PACKED ? SeqT::reload(p, tl.batch) : seq;
+        // the causal 128x176 (d 128) and 192x128 (d 64) packed tiles spilled 4-20 bytes)
+        const SeqInfo out_seq = SeqT::reload(p, seq);
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
             const float l_row = softmax.row_sum(0, e2, lane);
