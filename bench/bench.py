@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
 import math
 import platform
@@ -305,32 +304,15 @@ def run_point(cp, point, providers, reps, warmup, configs=None, measure_memory=F
         return _run_point_rounds(cp, point, providers, reps, warmup, configs, measure_memory,
                                  log, rounds)
     rows = []
-    new_row = functools.partial(_new_row, point)
-
-    for provider in providers:
-        try:
-            fns = point.callables(provider, None) if not configs or provider != "cuflash" \
-                else {k: v for cfg in configs for k, v in point.callables(provider, cfg).items()}
-        except Exception as exc:  # e.g. the naive attention would not fit: say so, go on
-            row = new_row(provider)
-            row.update(ms=None, tflops=None, error=f"{type(exc).__name__}: {str(exc)[:160]}")
-            rows.append(row)
-            log(row)
-            continue
+    for provider, fns in _set_up(point, providers, configs, rows, log):
         for label, fn in fns.items():
-            row = new_row(label)
+            row = _new_row(point, label)
             try:
                 fn()  # compile and warm outside the timing
-                slow = label in ("naive", "cuflash-fa1")
-                row["ms"] = median_ms(cp, fn, 1 if slow else warmup,
-                                      max(3, reps // 5) if slow else reps)
-                row["tflops"] = point.flops / row["ms"] / 1e9
-                row["host_us"] = host_us(cp, fn, 3 if slow else 10)
-                if measure_memory:
-                    row["extra_bytes"] = point.peak_extra_bytes(label, fn)
+                row["ms"] = _median(cp, fn, label, reps, warmup)
+                _finish(cp, point, row, fn, measure_memory)
             except Exception as exc:  # a provider that cannot run this point: say so
-                row["ms"], row["tflops"] = None, None
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                _failed(row, exc)
             rows.append(row)
             log(row)
             del fn
@@ -342,54 +324,32 @@ def run_point(cp, point, providers, reps, warmup, configs=None, measure_memory=F
     return rows
 
 
-def _new_row(point, label):
-    return dict(provider=label, dtype=point.dtype_name, batch=point.b, heads=point.h,
-                kv_heads=point.h_k, seqlen=point.n, headdim=point.d, causal=point.causal,
-                which=point.which)
-
-
 def _run_point_rounds(cp, point, providers, reps, warmup, configs, measure_memory, log,
                       rounds):
     """run_point with rounds > 1 (see there)."""
-    rows, timed = [], []  # timed: (row, fn, slow) of each provider that ran once
-    for provider in providers:
-        try:
-            fns = point.callables(provider, None) if not configs or provider != "cuflash" \
-                else {k: v for cfg in configs for k, v in point.callables(provider, cfg).items()}
-        except Exception as exc:
-            row = _new_row(point, provider)
-            row.update(ms=None, tflops=None, error=f"{type(exc).__name__}: {str(exc)[:160]}")
-            rows.append(row)
-            log(row)
-            continue
+    rows, timed = [], []  # timed: (row, fn) of each provider that ran once
+    for _, fns in _set_up(point, providers, configs, rows, log):
         for label, fn in fns.items():
             row = _new_row(point, label)
             try:
                 fn()  # compile and warm outside the timing
-                timed.append((row, fn, label in ("naive", "cuflash-fa1")))
+                timed.append((row, fn))
             except Exception as exc:
-                row.update(ms=None, tflops=None, error=f"{type(exc).__name__}: {str(exc)[:160]}")
-                rows.append(row)
+                rows.append(_failed(row, exc))
                 log(row)
     for r in range(rounds):
-        for row, fn, slow in timed if r % 2 == 0 else timed[::-1]:
+        for row, fn in timed if r % 2 == 0 else timed[::-1]:
             if "error" in row:
                 continue
             try:
                 row.setdefault("ms_rounds", []).append(
-                    median_ms(cp, fn, 1 if slow else warmup,
-                              max(3, reps // 5) if slow else reps))
+                    _median(cp, fn, row["provider"], reps, warmup))
             except Exception as exc:
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
-    for row, fn, slow in timed:
-        if "error" in row:
-            row["ms"], row["tflops"] = None, None
-        else:
+                _failed(row, exc)
+    for row, fn in timed:
+        if "error" not in row:
             row["ms"] = float(np.median(row["ms_rounds"]))
-            row["tflops"] = point.flops / row["ms"] / 1e9
-            row["host_us"] = host_us(cp, fn, 3 if slow else 10)
-            if measure_memory:
-                row["extra_bytes"] = point.peak_extra_bytes(row["provider"], fn)
+            _finish(cp, point, row, fn, measure_memory)
         rows.append(row)
         log(row)
     del timed
@@ -397,6 +357,51 @@ def _run_point_rounds(cp, point, providers, reps, warmup, configs, measure_memor
     if any(p.startswith("torch-") for p in providers) and "torch" in sys.modules:
         sys.modules["torch"].cuda.empty_cache()
     return rows
+
+
+def _new_row(point, label):
+    return dict(provider=label, dtype=point.dtype_name, batch=point.b, heads=point.h,
+                kv_heads=point.h_k, seqlen=point.n, headdim=point.d, causal=point.causal,
+                which=point.which)
+
+
+def _set_up(point, providers, configs, rows, log):
+    """(provider, {label: call}) of each provider at a point, cuflash once per tile of
+    `configs` if given; for one that cannot set the point up (the naive attention would not
+    fit, ...), a row saying why, appended to `rows` and logged."""
+    for provider in providers:
+        try:
+            fns = point.callables(provider, None) if not configs or provider != "cuflash" \
+                else {k: v for cfg in configs for k, v in point.callables(provider, cfg).items()}
+        except Exception as exc:
+            rows.append(_failed(_new_row(point, provider), exc))
+            log(rows[-1])
+            continue
+        yield provider, fns
+
+
+def _slow(label) -> bool:
+    return label in ("naive", "cuflash-fa1")  # (timed with fewer calls)
+
+
+def _median(cp, fn, label, reps, warmup) -> float:
+    """median_ms of a provider's call, the slow ones with fewer calls."""
+    slow = _slow(label)
+    return median_ms(cp, fn, 1 if slow else warmup, max(3, reps // 5) if slow else reps)
+
+
+def _finish(cp, point, row, fn, measure_memory) -> None:
+    """TFLOP/s of row["ms"], the host time per call and, if asked, the memory a call takes."""
+    row["tflops"] = point.flops / row["ms"] / 1e9
+    row["host_us"] = host_us(cp, fn, 3 if _slow(row["provider"]) else 10)
+    if measure_memory:
+        row["extra_bytes"] = point.peak_extra_bytes(row["provider"], fn)
+
+
+def _failed(row, exc) -> dict:
+    """A provider's row that has no time, with what went wrong (returned)."""
+    row.update(ms=None, tflops=None, error=f"{type(exc).__name__}: {str(exc)[:160]}")
+    return row
 
 
 def _fmt(row):

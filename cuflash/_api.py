@@ -851,6 +851,21 @@ def _repeat_key(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, co
 _U64 = struct.Struct("<Q")
 
 
+def _member_offsets(params, names) -> tuple:
+    """The byte offsets of the named members in a parameter struct (a repeat's addresses)."""
+    at = {name: off for name, _, _, off in params.struct.members}
+    return tuple(at[n] for n in names)
+
+
+def _launch_struct(params, filled, launches, stream: int) -> None:
+    """The kernels of `launches` ((kernel, grid, threads, shared memory) each, in order) on the
+    parameter bytes `filled`, on the stream whose handle is given (their device current)."""
+    with params.lock:
+        params.buf[:] = filled
+        for kernel, grid, threads, smem in launches:
+            kernel(grid, threads, smem, stream, params)
+
+
 def _with_addresses(template: bytes, offsets, addresses) -> bytearray:
     """A remembered parameter struct (its bytes) with these 64-bit addresses written at these
     offsets: what a repeated call launches (_Repeat here, _kvcache._DecodeRepeat)."""
@@ -871,9 +886,8 @@ class _Repeat:
          self.tma) = launch
         self.device_id, self.out_shape, self.dtype, self.lse_shape = \
             device_id, q.shape, q.dtype, lse.shape
-        at = {name: off for name, _, _, off in self.params.struct.members}
-        self.offsets = tuple(at[n] for n in ("q", "k", "v", "o", "lse")) + \
-            (tuple(at[n] for n in ("tm_q", "tm_k", "tm_v")) if self.tma else ())
+        self.offsets = _member_offsets(self.params, ("q", "k", "v", "o", "lse") + (
+            ("tm_q", "tm_k", "tm_v") if self.tma else ()))
         self.extents = tuple(_extent(x.shape, x.strides, x.itemsize) for x in (q, k, v, out, lse))
         # The parameter bytes of the last few launches by their five addresses: with the
         # layouts fixed by the key, what run() checks of the addresses (alignment, no overlap,
@@ -936,10 +950,8 @@ class _Repeat:
     def _launch(self, filled, stream: int) -> None:
         """The kernel on the parameter bytes `filled`, on the stream whose handle is given
         (the launch's device current)."""
-        params = self.params
-        with params.lock:
-            params.buf[:] = filled
-            self.kernel(self.grid, self.threads, self.smem, stream, params)
+        _launch_struct(self.params, filled, ((self.kernel, self.grid, self.threads, self.smem),),
+                       stream)
 
     def replay(self, filled, stream: int) -> bool:
         """Launch on `filled` (bytes that run() packed and kept for a set of addresses) and

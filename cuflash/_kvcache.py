@@ -271,12 +271,8 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
             slots = sms * cfg.blocks_per_sm(_api._max_smem(cupy, device_id))
             num_splits = _registry.decode_num_splits(batch, units, row_tiles, longest, slots,
                                                      cfg, paged)
-        partial = {}
-        if num_splits > 1:  # O_s (splits, rows, d), then L_s (splits, rows): one allocation
-            rows = batch * nheads * seqlen_q
-            partials = cupy.empty(num_splits * rows * (d + 1), dtype=cupy.float32)
-            partial = {"o_partial": partials.data.ptr,
-                       "lse_partial": partials.data.ptr + 4 * num_splits * rows * d}
+        partial_rows = num_splits * batch * nheads * seqlen_q if num_splits > 1 else 0
+        partials, partial = _split_partials(cupy, partial_rows, d)  # (kept through the launches)
         new = {}
         if k is not None and seqlen_new:
             new = {"k_new": k.data.ptr, "v_new": v.data.ptr, "kn_strides": _api._strides(k),
@@ -312,8 +308,7 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
             if key is not None and as_given and out.size and lens_host is None and \
                     table_host is None:  # (lengths and table on the GPU: nothing to check)
                 _api._keep(_repeats, key, _DecodeRepeat(
-                    device_id, launches, params, bytes(params.buf), out, lse,
-                    num_splits * batch * nheads * seqlen_q if num_splits > 1 else 0, d))
+                    device_id, launches, params, bytes(params.buf), out, lse, partial_rows, d))
     return out, lse
 
 
@@ -356,17 +351,16 @@ class _DecodeRepeat:
     """One remembered forward_kvcache call (see above)."""
 
     __slots__ = ("device_id", "launches", "params", "template", "offsets", "out_shape",
-                 "dtype", "lse_shape", "partial_floats", "d")
+                 "dtype", "lse_shape", "partial_rows", "d")
 
-    def __init__(self, device_id, launches, params, template, out, lse, partial_floats, d):
+    def __init__(self, device_id, launches, params, template, out, lse, partial_rows, d):
         self.device_id, self.launches, self.params, self.template = \
             device_id, tuple(launches), params, template
-        at = {name: off for name, _, _, off in params.struct.members}
-        self.offsets = tuple(at[n] for n in ("q", "k", "v", "o", "lse", "cache_seqlens",
-                                             "block_table", "k_new", "v_new", "o_partial",
-                                             "lse_partial"))
+        self.offsets = _api._member_offsets(params, (
+            "q", "k", "v", "o", "lse", "cache_seqlens", "block_table", "k_new", "v_new",
+            "o_partial", "lse_partial"))
         self.out_shape, self.dtype, self.lse_shape = out.shape, out.dtype, lse.shape
-        self.partial_floats, self.d = partial_floats, d  # (splits x rows; 0: one split)
+        self.partial_rows, self.d = partial_rows, d  # (splits x query rows; 0: one split)
 
     def run(self, cupy, q, k_cache, v_cache, cache_seqlens, k, v, block_table):
         """(out, lse) of the remembered launches on these arrays, or None where the call
@@ -393,20 +387,22 @@ class _DecodeRepeat:
         with _api._on_device(cupy, dev):
             out = cupy.empty(self.out_shape, dtype=self.dtype)
             lse = cupy.empty(self.lse_shape, dtype=cupy.float32)
-            o_partial = lse_partial = 0
-            if self.partial_floats:
-                partials = cupy.empty(self.partial_floats * (self.d + 1), dtype=cupy.float32)
-                o_partial = partials.data.ptr
-                lse_partial = o_partial + 4 * self.partial_floats * self.d
+            partials, partial = _split_partials(cupy, self.partial_rows, self.d)
             values = (ptrs[0], ptrs[1], ptrs[2], out.data.ptr, lse.data.ptr,
                       cache_seqlens.data.ptr, 0 if block_table is None else block_table.data.ptr,
-                      ptrs[3] if append else 0, ptrs[4] if append else 0, o_partial,
-                      lse_partial)
-            filled = _api._with_addresses(self.template, self.offsets, values)
-            stream = cupy.cuda.get_current_stream().ptr
-            params = self.params
-            with params.lock:
-                params.buf[:] = filled
-                for kernel, grid, threads, smem in self.launches:
-                    kernel(grid, threads, smem, stream, params)
+                      ptrs[3] if append else 0, ptrs[4] if append else 0,
+                      partial.get("o_partial", 0), partial.get("lse_partial", 0))
+            _api._launch_struct(self.params,
+                                _api._with_addresses(self.template, self.offsets, values),
+                                self.launches, cupy.cuda.get_current_stream().ptr)
         return out, lse
+
+
+def _split_partials(cupy, rows: int, d: int) -> tuple:
+    """The splits' float32 partials for `rows` (splits x query rows; 0: one split, none) in
+    one allocation, O_s (rows, d) then L_s (rows): (the array, to keep until the launches are
+    queued, and its addresses as DecodeParams' o_partial and lse_partial)."""
+    if not rows:
+        return None, {}
+    block = cupy.empty(rows * (d + 1), dtype=cupy.float32)
+    return block, {"o_partial": block.data.ptr, "lse_partial": block.data.ptr + 4 * rows * d}
