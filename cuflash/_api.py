@@ -879,13 +879,15 @@ class _Repeat:
     """One remembered forward launch (see above)."""
 
     __slots__ = ("device_id", "kernel", "grid", "threads", "smem", "params", "template",
-                 "offsets", "tma", "out_shape", "dtype", "lse_shape", "extents", "filled")
+                 "offsets", "tma", "out_shape", "dtype", "lse_shape", "extents", "filled",
+                 "launches")
 
     def __init__(self, launch, device_id, q, k, v, out, lse):
         (self.kernel, self.grid, self.threads, self.smem, self.params, self.template,
          self.tma) = launch
         self.device_id, self.out_shape, self.dtype, self.lse_shape = \
             device_id, q.shape, q.dtype, lse.shape
+        self.launches = ((self.kernel, self.grid, self.threads, self.smem),)  # (_launch_struct)
         self.offsets = _member_offsets(self.params, ("q", "k", "v", "o", "lse") + (
             ("tm_q", "tm_k", "tm_v") if self.tma else ()))
         self.extents = tuple(_extent(x.shape, x.strides, x.itemsize) for x in (q, k, v, out, lse))
@@ -950,8 +952,7 @@ class _Repeat:
     def _launch(self, filled, stream: int) -> None:
         """The kernel on the parameter bytes `filled`, on the stream whose handle is given
         (the launch's device current)."""
-        _launch_struct(self.params, filled, ((self.kernel, self.grid, self.threads, self.smem),),
-                       stream)
+        _launch_struct(self.params, filled, self.launches, stream)
 
     def replay(self, filled, stream: int) -> bool:
         """Launch on `filled` (bytes that run() packed and kept for a set of addresses) and
