@@ -564,15 +564,12 @@ def _table() -> dict:
     # causal (4 bytes, the hook's two loop variants, score.cuh apply_fragment).
     put("sm90a", "fwd_local_hooked", 128, True, [_h(128, 128, 2, lazy=True)])
     # fwd_packed: over a variable-length batch the entry's lengths and offsets take registers
-    # of their own: d 128's 128x176 spills (20 bytes non-causal; 4 causal with a window, 0
-    # causal without since the epilogue loads the entry's offsets again): 128x128 with the
-    # lazy rescale, which fits there.
+    # of their own: d 128's 128x176 spills (4-8 bytes): 128x128 with the lazy rescale, which
+    # fits there.
     put("sm90a", "fwd_packed", 128, None, [_h(128, 128, 2, lazy=True)])
     # d 64 (third round): three consumers at B_c 112 fit spill-free, and measured 1.08x (non-
     # causal) and 1.04x (causal) the two-consumer 128x128 on varlen_bench's mix (B_c 96: 1.05x).
-    # Causal, since the epilogue's reload, B_c 128 fits too (non-causal still spills 8 bytes).
-    put("sm90a", "fwd_packed", 64, False, [_h(64, 112, 3, consumers=3)])
-    put("sm90a", "fwd_packed", 64, True, [_h(64, 128, 3, consumers=3)])
+    put("sm90a", "fwd_packed", 64, None, [_h(64, 112, 3, consumers=3)])
     # and with the tile scheduler's ring (the tiles taken in turn), d 256's 128x80 spills in the
     # consumers (60 bytes, causal): 128x64, the short-key tile, which the entries of a
     # variable-length batch mostly are.

@@ -461,18 +461,15 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         // row (4-byte stores of column pairs wrote each 128-byte line in 8 pieces and took
         // ~3900 cycles a tile). O starts on a 16-byte boundary with strides that are multiples
         // of 8 elements (cuflash/_api.py checks a given out; a new one is contiguous).
-        // (a packed entry's offsets and length loaded again, not kept through the loop: kept,
-        // the causal 128x176 (d 128) and 192x128 (d 64) packed tiles spilled 4-20 bytes)
-        const SeqInfo out_seq = SeqT::reload(p, seq);
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
             const float l_row = softmax.row_sum(0, e2, lane);
             softmax.normalise(o, 0, e2, l_row);
             const int row = row_lane + 8 * e2;
-            if (lane % 4 == 0 && row < out_seq.seqlen_q)
-                p.lse[out_seq.row_vector(head, nheads) + row] =
+            if (lane % 4 == 0 && row < seqlen_q)
+                p.lse[seq.row_vector(head, nheads) + row] =
                     softmax.lse(0, e2, l_row, score.lse_scale);
-            elem_t* out = p.o + out_seq.q_offset(p.o_stride_b, p.o_stride_s) +
+            elem_t* out = p.o + seq.q_offset(p.o_stride_b, p.o_stride_s) +
                           row * p.o_stride_s + head * p.o_stride_h;
 #pragma unroll
             for (int g = 0; g < NT_O / 4; ++g) {  // (every lane takes part in the transposes)
@@ -482,7 +479,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                     a[k] = T::pack(o[0][4 * g + k][e2 * 2], o[0][4 * g + k][e2 * 2 + 1]);
                 quad_transpose(a, lane);
                 const int col = (4 * g + lane % 4) * 8;  // (d is a multiple of 8)
-                if (row < out_seq.seqlen_q && col < p.d)
+                if (row < seqlen_q && col < p.d)
                     *reinterpret_cast<uint4*>(out + col) = make_uint4(a[0], a[1], a[2], a[3]);
             }
         }

@@ -53,11 +53,6 @@ struct DenseSeq {
     static __device__ __forceinline__ SeqInfo info(const Params& p, int batch) {
         return {batch, p.seqlen_q, p.seqlen_k, -1, -1, 0};
     }
-    // (reload: as PackedSeq's. Nothing was loaded: the info in hand, from the parameters.)
-    template <class Params>
-    static __device__ __forceinline__ SeqInfo reload(const Params&, const SeqInfo& seq) {
-        return seq;
-    }
 };
 // (params with the packed fields: FwdParams, Sm90FwdParams, BwdParams)
 struct PackedSeq {
@@ -67,15 +62,6 @@ struct PackedSeq {
         const int q0 = p.cu_seqlens_q[batch], k0 = p.cu_seqlens_k[batch];
         return {batch, p.cu_seqlens_q[batch + 1] - q0, p.cu_seqlens_k[batch + 1] - k0, q0, k0,
                 p.total_q};
-    }
-    // `seq` (info() of its entry) again after a long stretch of code (a tile's loop): loaded
-    // afresh (cu_seqlens stays in cache) instead of kept in registers since the first load.
-    // The empty asm makes the entry index opaque, so that the compiler cannot reuse that load.
-    template <class Params>
-    static __device__ __forceinline__ SeqInfo reload(const Params& p, const SeqInfo& seq) {
-        int batch = seq.batch;
-        asm volatile("" : "+r"(batch));
-        return info(p, batch);
     }
 };
 
