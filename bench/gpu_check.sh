@@ -3,6 +3,7 @@
 #   bash bench/gpu_check.sh [tests] [slow] [sanitize] [gqa] [bench] [grid] [parity] [sweep] [demo]
 #                           [decode] [varlen] [jax] [ring]
 #   (default: tests bench grid parity sweep demo; ring needs a machine of 2+ GPUs)
+# PYTEST_ARGS go to the tests step's pytest ("-n 16"; "--shard 1/2" for half of the suite).
 # Logs and JSON go to $OUT (default ./gpu-logs). Runs from the working tree (PYTHONPATH=.),
 # as on the H200 test machine, where nothing can be pip-installed.
 set -uo pipefail

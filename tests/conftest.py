@@ -34,12 +34,31 @@ GPU_AVAILABLE, GPU_SKIP_REASON = _gpu_status()
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", default=False,
                      help="also run the tests marked slow (minutes each on an H200)")
+    parser.addoption("--shard", default=None, metavar="K/N",
+                     help="run the K-th of N parts of the collected tests (1 <= K <= N; every "
+                          "N-th test in collection order, so each part gets some of every file): "
+                          "the full GPU suite takes longer than one device call allows")
+
+
+def _shard(items, spec):
+    """(kept, deselected): spec "K/N" keeps the items at collection index i with i % N == K - 1."""
+    try:
+        k, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard takes K/N, such as 1/2; got {spec!r}") from None
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"--shard {spec}: K must be between 1 and N")
+    return ([it for i, it in enumerate(items) if i % n == k - 1],
+            [it for i, it in enumerate(items) if i % n != k - 1])
 
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason=GPU_SKIP_REASON)
     skip_slow = pytest.mark.skip(reason="slow test: run with pytest --slow")
     run_slow = config.getoption("--slow")
+    if config.getoption("--shard"):
+        items[:], deselected = _shard(items, config.getoption("--shard"))
+        config.hook.pytest_deselected(items=deselected)
     for item in items:
         if "gpu" in item.keywords and not GPU_AVAILABLE:
             item.add_marker(skip_gpu)

@@ -156,7 +156,7 @@ def test_run_point_rounds_alternates_providers_and_takes_the_median(monkeypatch)
     to run reports its error and no time."""
     import types
 
-    import bench
+    bench = _load("bench")  # (a plain `import bench` finds the bench/ folder when run alone)
     calls, times = [], {"a": [3.0, 1.0, 2.0], "b": [5.0, 4.0, 6.0]}
 
     def median_ms(cp, fn, warmup, reps):
@@ -187,3 +187,23 @@ def test_run_point_rounds_alternates_providers_and_takes_the_median(monkeypatch)
     assert by["a"]["ms"] == 2.0 and by["a"]["ms_rounds"] == [3.0, 1.0, 2.0]
     assert by["b"]["ms"] == 5.0 and by["b"]["tflops"] == 2e9 / 5.0 / 1e9
     assert by["c"]["ms"] is None and "no kernel" in by["c"]["error"]
+
+
+def test_shards_split_the_suite_into_disjoint_parts_that_cover_it():
+    """pytest --shard K/N (tests/conftest.py): the N parts share no test and together are the
+    whole collection; a malformed spec is a usage error."""
+    import subprocess
+
+    root = BENCH.parent
+
+    def collect(*extra):
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                              "-p", "no:cacheprovider", "tests/test_launch.py", *extra],
+                             cwd=root, capture_output=True, text=True)
+        return out.returncode, {line for line in out.stdout.splitlines() if "::" in line}
+    rc, whole = collect()
+    assert rc == 0 and len(whole) >= 3
+    parts = [collect("--shard", f"{k}/3")[1] for k in (1, 2, 3)]
+    assert all(parts) and set().union(*parts) == whole
+    assert sum(len(p) for p in parts) == len(whole)
+    assert collect("--shard", "4/3")[0] == 4 and collect("--shard", "half")[0] == 4
