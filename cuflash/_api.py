@@ -93,6 +93,26 @@ def _keep(cache: dict, key, value):
     return value
 
 
+def _lookup(cache: dict, key) -> tuple:
+    """(key, cache.get(key)) for a repeat's key (None: not one to remember); (None, None) where
+    the key cannot be hashed (an unhashable option: the full path then says what is wrong, and
+    nothing is kept under it)."""
+    if key is None:
+        return None, None
+    try:
+        return key, cache.get(key)
+    except Exception:
+        return None, None
+
+
+def _on_gpu(cupy, arrays, device_id: int) -> bool:
+    """Whether every array given (None: absent) is a CuPy array on GPU device_id: what a
+    repeated call checks first (_Repeat.run, _kvcache._DecodeRepeat.run)."""
+    nd = cupy.ndarray
+    return all(x is None or isinstance(x, nd) and x.data.device_id == device_id
+               for x in arrays)
+
+
 def _check_layout_once(name: str, x) -> None:
     """_check_layout, remembering the layouts (shape, strides, dtype) that passed: the
     outputs and gradients a loop passes have the same few every step."""
@@ -718,14 +738,10 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
     (_window; ring attention's blocks)."""
     key = _repeat_key(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, config,
                       window_size, softcap, alibi_slopes, packed, diag_shift)
-    if key is not None:  # a call like one before: its launch again, the checks kept per call
-        try:
-            done = _repeats.get(key)
-        except Exception:  # (an unhashable option: the full path says what is wrong)
-            key = done = None
-        done = done and done.run(_cupy(), q, k, v, out, lse)
-        if done:
-            return done
+    key, done = _lookup(_repeats, key)  # a call like one before: its launch again, checked
+    done = done and done.run(_cupy(), q, k, v, out, lse)
+    if done:
+        return done
     _check_algorithm(algorithm)
     causal = _check_flag("causal", causal)
     verbose = _check_flag("verbose", verbose)
@@ -902,20 +918,16 @@ class _Repeat:
         """(out, lse) of the launch on these arrays, or None where this call needs the full
         path (an array that is not CuPy's, on another GPU, at an address the remembered launch
         does not allow, outputs that overlap, an address TMA cannot take)."""
-        nd, dev = cupy.ndarray, self.device_id
-        arrays = (q, k, v) if out is None and lse is None else (q, k, v, out, lse)
-        for x in arrays:
-            if x is not None and (not isinstance(x, nd) or x.data.device_id != dev):
-                return None
+        dev = self.device_id
+        if not _on_gpu(cupy, (q, k, v, out, lse), dev):
+            return None
         ptrs = [q.data.ptr, k.data.ptr, v.data.ptr]
         seen = None
         if out is not None and lse is not None:
             seen = (*ptrs, out.data.ptr, lse.data.ptr)
-            filled = self.filled.get(seen)
-            if filled is not None:  # (these addresses passed every check below before)
-                with _on_device(cupy, dev):
-                    self._launch(filled, cupy.cuda.get_current_stream().ptr)
-                return out, lse
+            with _on_device(cupy, dev):  # (these addresses passed every check below before)
+                if self._launch_kept(cupy, seen):
+                    return out, lse
         if (ptrs[0] | ptrs[1] | ptrs[2]) % 16 or out is not None and out.data.ptr % 16 or \
                 lse is not None and lse.data.ptr % 4:
             return None
@@ -929,9 +941,7 @@ class _Repeat:
                 lse = cupy.empty(self.lse_shape, dtype=cupy.float32)
             if fresh:  # (the pool's blocks: often the last call's)
                 seen = (*ptrs, out.data.ptr, lse.data.ptr)
-                filled = self.filled.get(seen)
-                if filled is not None:
-                    self._launch(filled, cupy.cuda.get_current_stream().ptr)
+                if self._launch_kept(cupy, seen):
                     return out, lse
             maps = ()
             if self.tma:
@@ -953,6 +963,15 @@ class _Repeat:
         """The kernel on the parameter bytes `filled`, on the stream whose handle is given
         (the launch's device current)."""
         _launch_struct(self.params, filled, self.launches, stream)
+
+    def _launch_kept(self, cupy, seen) -> bool:
+        """The bytes kept for the five addresses `seen`, launched on the current stream
+        (the launch's device current); False where none are kept for them."""
+        filled = self.filled.get(seen)
+        if filled is None:
+            return False
+        self._launch(filled, cupy.cuda.get_current_stream().ptr)
+        return True
 
     def replay(self, filled, stream: int) -> bool:
         """Launch on `filled` (bytes that run() packed and kept for a set of addresses) and
@@ -982,9 +1001,8 @@ def _kept_forward(q, k, v, out, lse, causal, softmax_scale, window_size, softcap
     that calls forward on the same addresses again and again can launch itself
     (_Repeat.replay). None where forward keeps none for them (yet: the bytes are kept from
     the second such call on; see _repeat_key and _Repeat.filled)."""
-    key = _repeat_key(q, k, v, causal, softmax_scale, out, lse, algorithm, False, None,
-                      window_size, softcap, None, None)
-    rep = None if key is None else _repeats.get(key)
+    _, rep = _lookup(_repeats, _repeat_key(q, k, v, causal, softmax_scale, out, lse, algorithm,
+                                           False, None, window_size, softcap, None, None))
     filled = None if rep is None else \
         rep.filled.get((q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr))
     return None if filled is None else (rep, filled)

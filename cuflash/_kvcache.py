@@ -182,15 +182,11 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
     key = _repeat_key(cupy, q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal,
                       softmax_scale, window_size, softcap, alibi_slopes, num_splits,
                       check_inputs, config, out, lse)
-    if key is not None:
-        try:
-            rep = _repeats.get(key)
-        except TypeError:  # (an unhashable option: the full path says what is wrong)
-            key = rep = None
-        if rep is not None:
-            got = rep.run(cupy, q, k_cache, v_cache, cache_seqlens, k, v, block_table)
-            if got is not None:
-                return got
+    key, rep = _api._lookup(_repeats, key)
+    if rep is not None:
+        got = rep.run(cupy, q, k_cache, v_cache, cache_seqlens, k, v, block_table)
+        if got is not None:
+            return got
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         if x is not None:
             _api._check_type(cupy, name, x)
@@ -366,12 +362,9 @@ class _DecodeRepeat:
         """(out, lse) of the remembered launches on these arrays, or None where the call
         needs the full path (an array that is not CuPy's or on another GPU, an address off
         its 16-byte grid, an append whose caches share memory with q, k or v)."""
-        nd, dev = cupy.ndarray, self.device_id
-        arrays = (q, k_cache, v_cache, cache_seqlens) + \
-            (() if block_table is None else (block_table,)) + (() if k is None else (k, v))
-        for x in arrays:
-            if not isinstance(x, nd) or x.data.device_id != dev:
-                return None
+        dev = self.device_id
+        if not _api._on_gpu(cupy, (q, k_cache, v_cache, cache_seqlens, block_table, k, v), dev):
+            return None
         ptrs = [q.data.ptr, k_cache.data.ptr, v_cache.data.ptr]
         append = k is not None and k.shape[1] > 0
         if append:
