@@ -317,11 +317,17 @@ def run_point(cp, point, providers, reps, warmup, configs=None, measure_memory=F
             log(row)
             del fn
         del fns
-        cp.get_default_memory_pool().free_all_blocks()
-        if provider.startswith("torch-"):
-            import torch
-            torch.cuda.empty_cache()  # give torch's cached blocks back before the next point
+        release_memory(cp, provider.startswith("torch-"))
     return rows
+
+
+def release_memory(cp, torch_too: bool) -> None:
+    """CuPy's pooled blocks, and torch's cached ones where a torch provider ran, given back
+    before the next point or layout (each makes inputs of its own)."""
+    cp.get_default_memory_pool().free_all_blocks()
+    if torch_too:
+        import torch
+        torch.cuda.empty_cache()
 
 
 def _run_point_rounds(cp, point, providers, reps, warmup, configs, measure_memory, log,
@@ -353,9 +359,7 @@ def _run_point_rounds(cp, point, providers, reps, warmup, configs, measure_memor
         rows.append(row)
         log(row)
     del timed
-    cp.get_default_memory_pool().free_all_blocks()
-    if any(p.startswith("torch-") for p in providers) and "torch" in sys.modules:
-        sys.modules["torch"].cuda.empty_cache()
+    release_memory(cp, any(p.startswith("torch-") for p in providers) and "torch" in sys.modules)
     return rows
 
 

@@ -138,10 +138,7 @@ def _time_layout(cp, cuflash, name, batch, h, hk, n, d, dt, args, configs, times
         except Exception as e:  # (a tile that does not build or launch here)
             print(f"  {name + tag}: failed ({type(e).__name__}: {e})"[:300], flush=True)
     del fn
-    cp.get_default_memory_pool().free_all_blocks()
-    if name.startswith("torch-"):
-        import torch
-        torch.cuda.empty_cache()
+    bench.release_memory(cp, name.startswith("torch-"))
 
 
 def _randn(cp, shape, dt):
