@@ -261,12 +261,23 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
                                           _api._max_smem(cupy, device_id), local, hooked,
                                           config))
         cfg = plan.cfg
+        longest = capacity if lens_host is None else int(np.max(lens_host)) + seqlen_new
+        sms = int(_api._device_properties(cupy, device_id)["multiProcessorCount"])
         if num_splits == 0:
-            longest = capacity if lens_host is None else int(np.max(lens_host)) + seqlen_new
-            sms = int(_api._device_properties(cupy, device_id)["multiProcessorCount"])
             slots = sms * cfg.blocks_per_sm(_api._max_smem(cupy, device_id))
             num_splits = _registry.decode_num_splits(batch, units, row_tiles, longest, slots,
                                                      cfg, paged)
+        if config is None:  # (a launch that fills the GPU unsplit: the streaming tile)
+            stream = _plan.decode_stream_config(cfg, batch * units * row_tiles, num_splits,
+                                                longest, sms)
+            if stream is not cfg and stream.smem_bytes <= _api._max_smem(cupy, device_id):
+                plan, kernels, params = _api._prepared(
+                    _launches, (device_id, q.dtype, d, upper, local, hooked, stream),
+                    _registry.FA2_DECODE,
+                    lambda: _registry.decode_plan(_api._dtype_name(q.dtype), HD, upper,
+                                                  _api._max_smem(cupy, device_id), local,
+                                                  hooked, stream))
+                cfg = plan.cfg
         partial_rows = num_splits * batch * nheads * seqlen_q if num_splits > 1 else 0
         partials, partial = _split_partials(cupy, partial_rows, d)  # (kept through the launches)
         new = {}

@@ -381,11 +381,32 @@ class DecodeConfig:
 
 DECODE_FILE = "fa2_decode.cu"
 
+# A decode launch that fills the GPU without splitting (one thread block per SM on 80% of the
+# SMs or more, each over a long cache) keeps HBM busy with fewer bytes in flight per SM than
+# the split launches of small batches need; there one K/V buffer less per warp measured 1-4%
+# faster (H200, bf16, 32/8 heads, d 128, session 10's decode_b16_tiles.log and
+# decode_16x8x2_ab.log: batch 16 x 32k and 128k, batch 64 x 8k and 128k; batch 1 was 4-10%
+# slower with it, batch 16 and 64 x 1k 1-5% slower). By the table's tile it replaces, where
+# measured.
+DECODE_STREAM = {DecodeConfig(128, 16, 8, 3): DecodeConfig(128, 16, 8, 2)}
+DECODE_STREAM_MIN_KEYS = 8192  # (the longest cache of the launch)
+
 
 def decode_config(HD: int, max_smem_bytes: int) -> DecodeConfig:
     """The decode tile for head-dim bucket HD on a GPU with max_smem_bytes of shared memory per
     block: the first of TILES["decode"] that fits (the most bytes in flight per SM first)."""
     return _first_fitting(("any", "decode", HD, False), max_smem_bytes)
+
+
+def decode_stream_config(cfg: DecodeConfig, tiles: int, num_splits: int, seqlen_k: int,
+                         sms: int) -> DecodeConfig:
+    """The tile for a launch of `tiles` thread blocks per split (batch x KV heads x row
+    tiles) in num_splits splits over caches of up to seqlen_k keys, on a GPU of `sms` SMs,
+    where the table gives cfg: DECODE_STREAM's where one split's blocks fill 80% of the SMs
+    and the caches are long, else cfg."""
+    if num_splits == 1 and tiles >= 0.8 * sms and seqlen_k >= DECODE_STREAM_MIN_KEYS:
+        return DECODE_STREAM.get(cfg, cfg)
+    return cfg
 
 
 def decode_kernel_names(dtype_name: str, cfg: DecodeConfig, causal: bool, local: bool = False,

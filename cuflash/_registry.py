@@ -300,10 +300,17 @@ def _num_splits(batch, units, row_tiles, seqlen_k, slots, B_c, nwarps, paged) ->
                                      paged=paged)
 
 
-FA2_DECODE = Variant(
-    "fa2_decode", _plan.DECODE_FILE, _params.DECODE, ("80", "90"),
-    lambda dt, HD, causal, smem, bulk, local=False, hooked=False: [
-        decode_plan(dt, HD, causal, smem, local, hooked)])
+def _decode_plans(dt, HD, causal, smem, bulk, local=False, hooked=False) -> list[Plan]:
+    """The table's decode tile and, where it has one that fits, its streaming replacement
+    (_plan.DECODE_STREAM: launches that fill the GPU without splitting)."""
+    plan = decode_plan(dt, HD, causal, smem, local, hooked)
+    stream = _plan.DECODE_STREAM.get(plan.cfg)
+    return [plan] + ([decode_plan(dt, HD, causal, smem, local, hooked, stream)]
+                     if stream is not None and stream.smem_bytes <= smem else [])
+
+
+FA2_DECODE = Variant("fa2_decode", _plan.DECODE_FILE, _params.DECODE, ("80", "90"),
+                     _decode_plans)
 
 
 # ---- the registry ------------------------------------------------------------------------------

@@ -68,6 +68,37 @@ def test_split_choice_counts_the_tiles_an_sm_holds(launches):
         reference.num_splits_for(1, 8, 1, 8000, 132, 16)
 
 
+def test_launches_that_fill_the_gpu_unsplit_take_the_streaming_tile(launches):
+    """_plan.DECODE_STREAM: one split whose thread blocks fill 80% of the 132 SMs, over caches
+    of 8192 keys or more, takes the tile with one K/V buffer less per warp; fewer blocks, a
+    shorter cache, a given split count above 1 or an explicit tile keep the table's."""
+    table = _plan.decode_config(128, 227 * 1024)
+    stream = _plan.DECODE_STREAM[table]
+    assert (stream.B_c, stream.nwarps, stream.stages + 1) == \
+        (table.B_c, table.nwarps, table.stages)
+    names = {c: _plan.decode_kernel_names("bfloat16", c, False)["main"] for c in (table, stream)}
+
+    def tile_of(batch, cap, num_splits=0, config=None):
+        launches.clear()  # (np.zeros: pages of the caches never touched)
+        q = FakeArray(np.zeros((batch, 1, 32, 128), BF16))
+        kc, vc = (FakeArray(np.zeros((batch, cap, 8, 128), BF16)) for _ in range(2))
+        _kvcache._forward_kvcache(q, kc, vc, [cap] * batch, None, None, None, False, None,
+                                  (-1, -1), 0.0, None, num_splits, False, config)
+        main, grid, block, smem, p = next(x for x in launches if "fa2_decode<" in x[0])
+        cfg = next(c for c, n in names.items() if n == main)
+        assert (block, smem, p["num_splits"]) == (cfg.threads, cfg.smem_bytes, grid[0])
+        return cfg, grid[0]
+    assert tile_of(14, 8192) == (stream, 1)  # (14 x 8 = 112 blocks >= 0.8 x 132)
+    assert tile_of(16, 8192, num_splits=1) == (stream, 1)
+    assert tile_of(13, 8192)[0] == table  # (104 blocks)
+    assert tile_of(16, 8191)[0] == table
+    assert tile_of(16, 8192, num_splits=2) == (table, 2)
+    assert tile_of(16, 8192, config=table) == (table, 1)
+    assert _plan.decode_stream_config(table, 112, 1, 8192, 132) is stream
+    assert all(_plan.decode_stream_config(c, 10**4, 1, 10**6, 132) is c
+               for c in _plan.TILES[("any", "decode", 64, False)])  # (not measured: the table's)
+
+
 def test_paged_split_choice_aims_at_every_slot_for_long_blocks(launches):
     """num_splits=0 on a paged cache takes the paged rule: all the slots where its blocks on
     half of them would each hold over 2048 keys (48k keys here), half where they would not

@@ -174,7 +174,8 @@ def test_decode_features(features):
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_every_decode_tile(d):
     """Each tile of the decode table (one GPU runs only the largest that fits; the smaller
-    ones serve GPUs with less shared memory: two stages, two warps) against the planner's
+    ones serve GPUs with less shared memory: two stages, two warps) and the streaming tiles
+    (_plan.DECODE_STREAM, for launches that fill the GPU unsplit) against the planner's
     tile's output, causal with append and paging, within the accuracy rule of each other."""
     dt = DTYPES["bf16"]
     lens = [3, 700, 2100]
@@ -183,7 +184,8 @@ def test_every_decode_tile(d):
     k, v = rand(cp, (3, 2, 2, d), dt), rand(cp, (3, 2, 2, d), dt)
     smem = cp.cuda.runtime.getDeviceProperties(0)["sharedMemPerBlockOptin"]
     outs = []
-    for cfg in _plan.TILES[("any", "decode", _plan.head_dim_bucket(d), False)]:
+    table = _plan.TILES[("any", "decode", _plan.head_dim_bucket(d), False)]
+    for cfg in table + [_plan.DECODE_STREAM[c] for c in table if c in _plan.DECODE_STREAM]:
         if cfg.smem_bytes > smem:
             continue
         kc, vc = kc0.copy(), vc0.copy()
