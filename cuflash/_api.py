@@ -874,12 +874,13 @@ def _member_offsets(params, names) -> tuple:
 
 
 def _launch_struct(params, filled, launches, stream: int) -> None:
-    """The kernels of `launches` ((kernel, grid, threads, shared memory) each, in order) on the
-    parameter bytes `filled`, on the stream whose handle is given (their device current)."""
+    """The kernels of `launches` ((kernel, grid, threads, shared memory, dependent) each, in
+    order; _loader.Launcher) on the parameter bytes `filled`, on the stream whose handle is
+    given (their device current)."""
     with params.lock:
         params.buf[:] = filled
-        for kernel, grid, threads, smem in launches:
-            kernel(grid, threads, smem, stream, params)
+        for kernel, grid, threads, smem, dependent in launches:
+            kernel(grid, threads, smem, stream, params, dependent)
 
 
 def _with_addresses(template: bytes, offsets, addresses) -> bytearray:
@@ -903,7 +904,8 @@ class _Repeat:
          self.tma) = launch
         self.device_id, self.out_shape, self.dtype, self.lse_shape = \
             device_id, q.shape, q.dtype, lse.shape
-        self.launches = ((self.kernel, self.grid, self.threads, self.smem),)  # (_launch_struct)
+        # (_launch_struct's: one launch, after whatever the stream ran before)
+        self.launches = ((self.kernel, self.grid, self.threads, self.smem, False),)
         self.offsets = _member_offsets(self.params, ("q", "k", "v", "o", "lse") + (
             ("tm_q", "tm_k", "tm_v") if self.tma else ()))
         self.extents = tuple(_extent(x.shape, x.strides, x.itemsize) for x in (q, k, v, out, lse))

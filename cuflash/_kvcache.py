@@ -299,19 +299,23 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
                         block_table_stride=block_table.shape[1] if paged else 0,
                         softmax_scale=scale, scale_log2=scale * _api._LOG2E,
                         **new, **partial, **features)
-            launches = []  # (kernel, grid, threads, shared memory), in order
+            # (kernel, grid, threads, shared memory, dependent), in order. Each kernel after
+            # the first is launched as the one before's dependent (sm_90+: its launch overlaps
+            # that one's end; it waits for that one's writes before touching memory).
+            launches = []
             if seqlen_new:  # the new keys into the cache, then attend (one stream: in order)
-                launches.append((kernels["append"], (seqlen_new, nheads_k, batch), 128, 0))
+                launches.append((kernels["append"], (seqlen_new, nheads_k, batch), 128, 0,
+                                 False))
             if out.size:  # (else an append without queries)
                 launches.append((kernels["main"],
                                  _registry.decode_grid(num_splits, units, row_tiles, batch),
-                                 cfg.threads, cfg.smem_bytes))
+                                 cfg.threads, cfg.smem_bytes, bool(launches)))
                 if num_splits > 1:
                     launches.append((kernels["combine"],
                                      _registry.decode_combine_grid(batch, nheads * seqlen_q),
-                                     128, 0))
-            for kernel, grid, threads, smem in launches:
-                kernel(grid, threads, smem, stream, params)
+                                     128, 0, True))
+            for kernel, grid, threads, smem, dependent in launches:
+                kernel(grid, threads, smem, stream, params, dependent)
             if key is not None and as_given and out.size and lens_host is None and \
                     table_host is None:  # (lengths and table on the GPU: nothing to check)
                 _api._keep(_repeats, key, _DecodeRepeat(

@@ -210,10 +210,45 @@ class ParamBuffer:
         self.pack = functools.partial(struct.pack_into, self.buf)
 
 
+# cuLaunchKernelEx's arguments (cuda.h, CUDA 12.0+): the launch, and one attribute.
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig: 56 bytes
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared_mem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, 4 bytes of padding, a union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+# Dependent launches (Launcher(dependent=True)) on GPUs of compute capability 9.0 and up; off,
+# every launch waits for the one before it as usual (an A/B switch for the bench, not an API).
+DEPENDENT_LAUNCHES = True
+
+
+@cache
+def _launch_kernel_ex():
+    """The driver's cuLaunchKernelEx through ctypes (libcuda, which CuPy has loaded), or None
+    where the driver has none."""
+    fn = getattr(ctypes.CDLL("libcuda.so.1"), "cuLaunchKernelEx", None)
+    if fn is not None:
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 4
+    return fn
+
+
 class Launcher:
     """A kernel launched through ``cuLaunchKernel`` with a packed parameter struct
     (:class:`ParamBuffer`). CuPy's ``RawKernel.__call__`` turns every argument into a C value
     object on each call; here a launch is one driver call on bytes packed once.
+
+    ``dependent=True`` launches it as a programmatic dependent of the kernel before it in the
+    stream (``cuLaunchKernelEx``, sm_90+): it may start while that one finishes, and holds in
+    ``grid_dependency_wait()`` (kernels/common.cuh) until that one's writes are visible. Only a
+    kernel that calls it before its first global access may be launched so; below sm_90 it is
+    an ordinary launch.
 
     Build it with the kernel's device current, and call it with that device current: it launches
     in that device's primary context, on the stream whose handle is passed. Thread-safe."""
@@ -233,6 +268,13 @@ class Launcher:
         # has no context current at all, and 0 must not be taken for the context.
         self._bind_context()
         self._context = driver.ctxGetCurrent()
+        major = runtime.getDeviceProperties(self._device)["major"]
+        self._launch_ex = _launch_kernel_ex() if major >= 9 else None
+        self._ex_lock = threading.Lock()  # (the config below is filled per launch)
+        self._attr = _LaunchAttribute(_PROGRAMMATIC_STREAM_SERIALIZATION)
+        self._attr.value[0] = 1
+        self._config = _LaunchConfig(attrs=ctypes.addressof(self._attr), num_attrs=1)
+        self._config.block[1] = self._config.block[2] = 1
 
     def _bind_context(self) -> None:
         """Make the device's primary context current on this thread. The runtime binds it
@@ -255,7 +297,17 @@ class Launcher:
             self._bind_context()
 
     def __call__(self, grid, block: int, shared_mem: int, stream: int,
-                 params: ParamBuffer) -> None:
+                 params: ParamBuffer, dependent: bool = False) -> None:
         self.bind_thread()
-        self._launch(self._func, grid[0], grid[1], grid[2], block, 1, 1, shared_mem, stream,
-                     params.params, 0)
+        if not (dependent and self._launch_ex is not None and DEPENDENT_LAUNCHES):
+            self._launch(self._func, grid[0], grid[1], grid[2], block, 1, 1, shared_mem,
+                         stream, params.params, 0)
+            return
+        with self._ex_lock:
+            c = self._config
+            c.grid[0], c.grid[1], c.grid[2] = grid
+            c.block[0], c.shared_mem, c.stream = block, shared_mem, stream or None
+            rc = self._launch_ex(ctypes.addressof(c), self._func, params.params, None)
+        if rc:
+            raise RuntimeError(f"cuLaunchKernelEx failed (CUresult {rc}) for grid {tuple(grid)}"
+                               f", {block} threads, {shared_mem} bytes of shared memory")

@@ -9,6 +9,7 @@
 //   element types      fp16 / bf16 tags: conversion and the matching mma.sync instruction
 //   tensor cores       mma_m16n8k16 (fp32 accumulate), ldmatrix x4 (and .trans)
 //   async copies       cp.async 16 B with zero fill, commit / wait
+//   dependent launch   griddepcontrol: wait for the grid before, let the next one start
 //   shared memory      the 16-byte-chunk XOR swizzle used by every tile
 //   math               exp2 (ex2.approx), warp-quad reductions
 #pragma once
@@ -274,6 +275,27 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Programmatic dependent launch (sm_90+). A kernel launched as a dependent of the kernel before
+// it in the stream (cuflash/_loader.py, Launcher(dependent=True)) may start while that one
+// still runs: grid_dependency_wait() then holds it until the earlier grid has finished and
+// its writes are visible, so every dependent kernel calls it before its first global access.
+// launch_dependents() lets the next such kernel start (its blocks wait in their own
+// grid_dependency_wait, on SMs this grid leaves free). Outside a dependent launch, and below
+// sm_90, both do nothing.
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // Chunks [c0, c0 + W) of every row of a (ROWS x COLS) tile (load_tile_async below): W = 8 (a

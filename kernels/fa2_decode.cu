@@ -170,6 +170,10 @@ fa2_decode(const DecodeParams p) {
     const int split = blockIdx.x, batch = blockIdx.z;
     const int row_tile = blockIdx.y % p.row_tiles, unit = blockIdx.y / p.row_tiles;
     const int h0 = unit * p.pack, head_k = h0 / p.group;
+    // (launched as the append's dependent: the cache's new rows are written past this wait;
+    // the splits' combine may then start, and waits in turn for this grid to finish)
+    grid_dependency_wait();
+    launch_dependents();
     const int seqlen_q = p.seqlen_q;
     const int seqlen_k = p.cache_seqlens[batch] + p.seqlen_new;
     const int packed_rows = p.pack * seqlen_q;  // valid rows over all row tiles
@@ -427,6 +431,7 @@ fa2_decode(const DecodeParams p) {
 template <typename T>
 __global__ void __launch_bounds__(128, 4)
 fa2_decode_combine(const DecodeParams p) {
+    grid_dependency_wait();  // (launched as the split attention's dependent: its O_s, L_s)
     const int per_entry = p.nheads * p.seqlen_q;  // (the query rows of one entry)
     const int hi = blockIdx.x * 4 + threadIdx.x / 32, b = blockIdx.y;
     if (hi >= per_entry) return;
@@ -441,6 +446,7 @@ template <typename T>
 __global__ void __launch_bounds__(128)
 fa2_decode_append(const DecodeParams p) {
     const int row = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;  // row of the new keys
+    launch_dependents();  // (the split attention may start: it waits for these rows)
     const int j = p.cache_seqlens[b] + row;                        // its key index
     const int chunks = p.d / 8;
     elem_t* dst_k = CacheRows(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, b, hk).row(j);

@@ -129,7 +129,12 @@ class FakeKernel:
 def fake(monkeypatch):
     """A stand-in CuPy and launcher; returns the list of launches (name, grid, block, smem,
     the packed struct as {member: value})."""
-    launches = []
+    class Launches(list):  # (and per launch, Launcher's dependent flag in .dependent)
+        def clear(self):
+            super().clear()
+            self.dependent.clear()
+    launches = Launches()
+    dependents = launches.dependent = []
 
     class Launcher:
         def __init__(self, kernel):
@@ -138,7 +143,7 @@ def fake(monkeypatch):
         def bind_thread(self):
             pass
 
-        def __call__(self, grid, block, smem, stream, params):
+        def __call__(self, grid, block, smem, stream, params, dependent=False):
             assert smem <= self.kernel.max_dynamic_shared_size_bytes or smem <= 48 * 1024
             values = {}
             for name, ctype, _, off in params.struct.members:
@@ -146,6 +151,7 @@ def fake(monkeypatch):
                     "<i" if ctype == "int" else "<128s" if ctype == "TensorMap" else "<f"
                 values[name] = struct.unpack_from(fmt, params.buf, off)[0]
             launches.append((self.kernel.name, tuple(grid), block, smem, values))
+            dependents.append(dependent)
 
     cp = _fake_cupy()
     monkeypatch.setattr(_api, "_cupy", lambda: cp)

@@ -99,6 +99,36 @@ def test_launches_that_fill_the_gpu_unsplit_take_the_streaming_tile(launches):
                for c in _plan.TILES[("any", "decode", 64, False)])  # (not measured: the table's)
 
 
+def test_each_kernel_after_the_first_is_launched_as_a_dependent(launches):
+    """The decode's launches: the append, if any, as usual; the split attention as the
+    append's programmatic dependent (else as usual); the combine as the split attention's
+    (kernels/common.cuh grid_dependency_wait: each waits for the one before's writes)."""
+    q, kc, vc, k, v = _arrays(2, 1, 32, 8, 128, 4096, new=1)
+    for kw, roles, dependent in (
+            ({}, ("fa2_decode<", "fa2_decode_combine<"), [False, True]),
+            ({"k": k, "v": v}, ("append", "fa2_decode<", "combine"), [False, True, True]),
+            ({"k": k, "v": v, "num_splits": 1}, ("append", "fa2_decode<"), [False, True]),
+            ({"num_splits": 1}, ("fa2_decode<",), [False])):
+        launches.clear()
+        _kvcache.forward_kvcache(q, kc, vc, [4000, 3000], **kw)
+        assert [next(r for r in roles if r in name) for name, *_ in launches] == list(roles)
+        assert launches.dependent == dependent, kw
+
+
+def test_dependent_launch_structs_match_cuda_h():
+    """cuLaunchKernelEx's CUlaunchConfig and CUlaunchAttribute as ctypes lays them out: the
+    sizes and offsets of cuda.h (CUDA 12 and 13, 64-bit)."""
+    import ctypes
+
+    from cuflash import _loader
+    C, A = _loader._LaunchConfig, _loader._LaunchAttribute
+    assert ctypes.sizeof(C) == 56 and (C.grid.offset, C.block.offset, C.shared_mem.offset,
+                                       C.stream.offset, C.attrs.offset,
+                                       C.num_attrs.offset) == (0, 12, 24, 32, 40, 48)
+    assert ctypes.sizeof(A) == 72 and (A.id.offset, A.value.offset) == (0, 8)
+    assert _loader._PROGRAMMATIC_STREAM_SERIALIZATION == 6
+
+
 def test_paged_split_choice_aims_at_every_slot_for_long_blocks(launches):
     """num_splits=0 on a paged cache takes the paged rule: all the slots where its blocks on
     half of them would each hold over 2048 keys (48k keys here), half where they would not
@@ -262,7 +292,8 @@ def test_repeated_kvcache_call_packs_what_the_full_path_packs(launches, monkeypa
         before = len(launches)
         out, lse = _kvcache.forward_kvcache(q, kc, vc, lens, block_table=table, **kv,
                                             **options)
-        return launches[before:], out, lse
+        return [x + (d,) for x, d in zip(launches[before:], launches.dependent[before:])], \
+            out, lse
 
     call(_decode_inputs(paged, append))  # the full path, remembered
     assert len(_kvcache._repeats) == 1 and len(checked) == 1
@@ -271,14 +302,16 @@ def test_repeated_kvcache_call_packs_what_the_full_path_packs(launches, monkeypa
     assert len(checked) == 1  # (not the full path)
     assert len(repeat) == (2 if append else 1) + (options.get("num_splits", 0) != 1)
     p = repeat[-1][4]
+    assert [d for *_, d in repeat] == [False] + [True] * (len(repeat) - 1)
     assert (p["o"], p["lse"]) == (out.data.ptr, lse.data.ptr)
     assert p["q"] == inputs[0].data.ptr and p["cache_seqlens"] == inputs[3].data.ptr
     monkeypatch.setattr(_kvcache, "_repeats", {})
     full, _, _ = call(inputs)  # the same arrays on the full path
     assert len(checked) == 2
-    for (r_name, r_grid, r_block, r_smem, r_p), (f_name, f_grid, f_block, f_smem, f_p) in \
-            zip(repeat, full, strict=True):
-        assert (r_name, r_grid, r_block, r_smem) == (f_name, f_grid, f_block, f_smem)
+    for (r_name, r_grid, r_block, r_smem, r_p, r_dep), \
+            (f_name, f_grid, f_block, f_smem, f_p, f_dep) in zip(repeat, full, strict=True):
+        assert (r_name, r_grid, r_block, r_smem, r_dep) == \
+            (f_name, f_grid, f_block, f_smem, f_dep)
         assert {k: v for k, v in r_p.items() if k not in _FRESH} == \
             {k: v for k, v in f_p.items() if k not in _FRESH}
         assert all(bool(r_p[k]) == bool(f_p[k]) for k in _FRESH)

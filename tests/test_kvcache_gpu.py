@@ -237,3 +237,34 @@ def test_decode_checks_its_inputs():
         cuflash.forward_kvcache(q, kc, rand(cp, kc.shape, np.float16), [1, 1])
     with pytest.raises(ValueError, match="both k and v"):
         cuflash.forward_kvcache(q, kc, kc.copy(), [1, 1], k=rand(cp, (2, 1, 2, 64), dt))
+
+
+def test_dependent_launches_equal_ordinary_ones():
+    """The append, split attention and combine launched as programmatic dependents (sm_90+:
+    each may start before the one before has finished, and waits for its writes) give, call
+    after call, bitwise the results of ordinary launches: 40 decode steps back to back, each
+    with its own query and new key, on a cache with the lengths on the GPU (the repeat path
+    after the first step). A kernel reading before its wait would see the previous step's
+    partials or the cache without the new row."""
+    from cuflash import _loader
+    dt = DTYPES["bf16"]
+    lens = cp.asarray([3000, 1500], dtype=cp.int32)
+    kc0, vc0 = rand(cp, (2, 3100, 8, 128), dt), rand(cp, (2, 3100, 8, 128), dt)
+    steps = [(rand(cp, (2, 1, 32, 128), dt), rand(cp, (2, 1, 8, 128), dt),
+              rand(cp, (2, 1, 8, 128), dt)) for _ in range(40)]
+
+    def run(dependent):
+        _loader.DEPENDENT_LAUNCHES = dependent
+        try:
+            kc, vc = kc0.copy(), vc0.copy()
+            outs = [cuflash.forward_kvcache(q, kc, vc, lens, k=k, v=v, num_splits=6)
+                    for q, k, v in steps]
+            cp.cuda.Device().synchronize()
+            return outs, kc, vc
+        finally:
+            _loader.DEPENDENT_LAUNCHES = True
+    (outs, kc, vc), (ref_outs, ref_kc, ref_vc) = run(True), run(False)
+    assert cp.array_equal(kc, ref_kc) and cp.array_equal(vc, ref_vc)
+    for (o, l), (ro, rl) in zip(outs, ref_outs, strict=True):
+        assert cp.array_equal(o, ro) and cp.array_equal(l, rl)
+    assert not all(cp.array_equal(outs[0][0], o) for o, _ in outs[1:])  # (steps differ)
