@@ -232,7 +232,10 @@ DEPENDENT_LAUNCHES = True
 def _launch_kernel_ex():
     """The driver's cuLaunchKernelEx through ctypes (libcuda, which CuPy has loaded), or None
     where the driver has none."""
-    fn = getattr(ctypes.CDLL("libcuda.so.1"), "cuLaunchKernelEx", None)
+    try:
+        fn = getattr(ctypes.CDLL("libcuda.so.1"), "cuLaunchKernelEx", None)
+    except OSError:  # (a driver library under another name: ordinary launches only)
+        return None
     if fn is not None:
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 4

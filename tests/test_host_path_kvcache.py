@@ -115,18 +115,102 @@ def test_each_kernel_after_the_first_is_launched_as_a_dependent(launches):
         assert launches.dependent == dependent, kw
 
 
+def _cuda_h_layout():
+    """CUlaunchConfig's and CUlaunchAttribute's sizes and offsets, and the attribute's id, as
+    a C compiler reads this machine's cuda.h; None where there is no cuda.h or compiler."""
+    import glob
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+    headers = [h for h in [os.path.join(os.environ.get("CUDA_HOME", "/nonexistent"),
+                                        "include", "cuda.h")]
+               + sorted(glob.glob("/usr/local/cuda*/include/cuda.h")) if os.path.exists(h)]
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not headers or not cc:
+        return None
+    program = r"""#include <cuda.h>
+#include <stdio.h>
+#include <stddef.h>
+#define O(t, f) (int)offsetof(t, f)
+int main(void) {
+    printf("%d %d %d %d %d %d %d %d %d %d %d %d\n", (int)sizeof(CUlaunchConfig),
+           O(CUlaunchConfig, gridDimX), O(CUlaunchConfig, blockDimX),
+           O(CUlaunchConfig, sharedMemBytes), O(CUlaunchConfig, hStream),
+           O(CUlaunchConfig, attrs), O(CUlaunchConfig, numAttrs),
+           (int)sizeof(CUlaunchAttribute), O(CUlaunchAttribute, id),
+           O(CUlaunchAttribute, value),
+           O(CUlaunchAttributeValue, programmaticStreamSerializationAllowed),
+           (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+    return 0;
+}"""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = os.path.join(tmp, "layout.c"), os.path.join(tmp, "layout")
+        with open(src, "w") as f:
+            f.write(program)
+        if subprocess.run([cc, "-I", os.path.dirname(headers[0]), src, "-o", exe],
+                          capture_output=True).returncode:
+            return None
+        return tuple(int(x) for x in subprocess.run([exe], capture_output=True,
+                                                    text=True).stdout.split())
+
+
 def test_dependent_launch_structs_match_cuda_h():
     """cuLaunchKernelEx's CUlaunchConfig and CUlaunchAttribute as ctypes lays them out: the
-    sizes and offsets of cuda.h (CUDA 12 and 13, 64-bit)."""
+    sizes and offsets of cuda.h (CUDA 12 and 13, 64-bit), read from this machine's cuda.h
+    where it has one and a C compiler, else as written there."""
     import ctypes
 
     from cuflash import _loader
     C, A = _loader._LaunchConfig, _loader._LaunchAttribute
-    assert ctypes.sizeof(C) == 56 and (C.grid.offset, C.block.offset, C.shared_mem.offset,
-                                       C.stream.offset, C.attrs.offset,
-                                       C.num_attrs.offset) == (0, 12, 24, 32, 40, 48)
-    assert ctypes.sizeof(A) == 72 and (A.id.offset, A.value.offset) == (0, 8)
-    assert _loader._PROGRAMMATIC_STREAM_SERIALIZATION == 6
+    ours = (ctypes.sizeof(C), C.grid.offset, C.block.offset, C.shared_mem.offset,
+            C.stream.offset, C.attrs.offset, C.num_attrs.offset, ctypes.sizeof(A),
+            A.id.offset, A.value.offset, 0, _loader._PROGRAMMATIC_STREAM_SERIALIZATION)
+    assert ours == (_cuda_h_layout() or (56, 0, 12, 24, 32, 40, 48, 72, 0, 8, 0, 6))
+
+
+def test_dependent_launch_fills_the_launch_config(monkeypatch):
+    """Launcher's dependent branch: cuLaunchKernelEx gets the grid, the block, the shared
+    memory, the stream (0: the legacy default stream, NULL), the one attribute (programmatic
+    stream serialization, on) and the parameter array; without the driver function, below
+    sm_90 or with DEPENDENT_LAUNCHES off, it is an ordinary cuLaunchKernel."""
+    import ctypes
+
+    from cuflash import _loader
+    calls = []
+
+    def launch_ex(config, func, params, extra):
+        c = _loader._LaunchConfig.from_address(config)
+        attr = _loader._LaunchAttribute.from_address(c.attrs)
+        calls.append(("ex", tuple(c.grid), tuple(c.block), c.shared_mem, c.stream, c.num_attrs,
+                      attr.id, attr.value[0], func, params, extra))
+        return 0
+    launcher = object.__new__(_loader.Launcher)  # (its __init__ needs a GPU)
+    launcher.bind_thread = lambda: None
+    launcher._func, launcher._launch_ex = 0x1234, launch_ex
+    launcher._launch = lambda *a: calls.append(("plain",) + a)
+    launcher._ex_lock = _loader.threading.Lock()
+    launcher._attr = _loader._LaunchAttribute(_loader._PROGRAMMATIC_STREAM_SERIALIZATION)
+    launcher._attr.value[0] = 1
+    launcher._config = _loader._LaunchConfig(attrs=ctypes.addressof(launcher._attr),
+                                             num_attrs=1)
+    launcher._config.block[1] = launcher._config.block[2] = 1
+    params = type("P", (), {"params": 0x5678})()
+    launcher((3, 2, 1), 256, 1000, 0, params, dependent=True)
+    launcher((4, 1, 2), 128, 0, 0xABC, params, dependent=True)
+    assert calls == [("ex", (3, 2, 1), (256, 1, 1), 1000, None, 1, 6, 1, 0x1234, 0x5678, None),
+                     ("ex", (4, 1, 2), (128, 1, 1), 0, 0xABC, 1, 6, 1, 0x1234, 0x5678, None)]
+    calls.clear()
+    launcher((3, 2, 1), 256, 1000, 7, params)
+    monkeypatch.setattr(_loader, "DEPENDENT_LAUNCHES", False)
+    launcher((3, 2, 1), 256, 1000, 7, params, dependent=True)
+    monkeypatch.setattr(_loader, "DEPENDENT_LAUNCHES", True)
+    launcher._launch_ex = None  # (below sm_90, or a driver without cuLaunchKernelEx)
+    launcher((3, 2, 1), 256, 1000, 7, params, dependent=True)
+    assert calls == [("plain", 0x1234, 3, 2, 1, 256, 1, 1, 1000, 7, 0x5678, 0)] * 3
+    launcher._launch_ex = lambda *a: 700  # (CUDA_ERROR_LAUNCH_FAILED)
+    with pytest.raises(RuntimeError, match="CUresult 700"):
+        launcher((3, 2, 1), 256, 1000, 7, params, dependent=True)
 
 
 def test_paged_split_choice_aims_at_every_slot_for_long_blocks(launches):
