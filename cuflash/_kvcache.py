@@ -269,7 +269,7 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
                                                      cfg, paged)
         if config is None:  # (a launch that fills the GPU unsplit: the streaming tile)
             stream = _plan.decode_stream_config(cfg, batch * units * row_tiles, num_splits,
-                                                longest, sms)
+                                                longest, sms, paged)
             if stream is not cfg and stream.smem_bytes <= _api._max_smem(cupy, device_id):
                 plan, kernels, params = _api._prepared(
                     _launches, (device_id, q.dtype, d, upper, local, hooked, stream),

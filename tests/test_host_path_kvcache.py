@@ -69,20 +69,25 @@ def test_split_choice_counts_the_tiles_an_sm_holds(launches):
 
 
 def test_launches_that_fill_the_gpu_unsplit_take_the_streaming_tile(launches):
-    """_plan.DECODE_STREAM: one split whose thread blocks fill 80% of the 132 SMs, over caches
-    of 8192 keys or more, takes the tile with one K/V buffer less per warp; fewer blocks, a
-    shorter cache, a given split count above 1 or an explicit tile keep the table's."""
+    """_plan.DECODE_STREAM: one split whose thread blocks fill 80% of the 132 SMs, over
+    contiguous caches of 8192 keys or more, takes the tile with one K/V buffer less per warp;
+    fewer blocks, a shorter cache, a paged one, a given split count above 1 or an explicit tile
+    keep the table's."""
     table = _plan.decode_config(128, 227 * 1024)
     stream = _plan.DECODE_STREAM[table]
     assert (stream.B_c, stream.nwarps, stream.stages + 1) == \
         (table.B_c, table.nwarps, table.stages)
     names = {c: _plan.decode_kernel_names("bfloat16", c, False)["main"] for c in (table, stream)}
 
-    def tile_of(batch, cap, num_splits=0, config=None):
+    def tile_of(batch, cap, num_splits=0, config=None, page=None):
         launches.clear()  # (np.zeros: pages of the caches never touched)
         q = FakeArray(np.zeros((batch, 1, 32, 128), BF16))
-        kc, vc = (FakeArray(np.zeros((batch, cap, 8, 128), BF16)) for _ in range(2))
-        _kvcache._forward_kvcache(q, kc, vc, [cap] * batch, None, None, None, False, None,
+        shape, table = (batch, cap, 8, 128), None
+        if page:
+            shape, table = (batch * cap // page, page, 8, 128), \
+                np.arange(batch * cap // page, dtype=np.int32).reshape(batch, -1)
+        kc, vc = (FakeArray(np.zeros(shape, BF16)) for _ in range(2))
+        _kvcache._forward_kvcache(q, kc, vc, [cap] * batch, None, None, table, False, None,
                                   (-1, -1), 0.0, None, num_splits, False, config)
         main, grid, block, smem, p = next(x for x in launches if "fa2_decode<" in x[0])
         cfg = next(c for c, n in names.items() if n == main)
@@ -94,7 +99,9 @@ def test_launches_that_fill_the_gpu_unsplit_take_the_streaming_tile(launches):
     assert tile_of(16, 8191)[0] == table
     assert tile_of(16, 8192, num_splits=2) == (table, 2)
     assert tile_of(16, 8192, config=table) == (table, 1)
+    assert tile_of(16, 8192, page=256) == (table, 1)
     assert _plan.decode_stream_config(table, 112, 1, 8192, 132) is stream
+    assert _plan.decode_stream_config(table, 112, 1, 8192, 132, paged=True) is table
     assert all(_plan.decode_stream_config(c, 10**4, 1, 10**6, 132) is c
                for c in _plan.TILES[("any", "decode", 64, False)])  # (not measured: the table's)
 
