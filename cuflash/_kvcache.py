@@ -253,30 +253,27 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
             k, v = _api._aligned(cupy, k), _api._aligned(cupy, v)
         # (no aligned copy: a repeat may pack the same; `is`, since CuPy's == is elementwise)
         as_given = all(x is y for x, y in zip((q, k, v), given))
-        HD = _plan.head_dim_bucket(d)
-        plan, kernels, params = _api._prepared(
-            _launches, (device_id, q.dtype, d, upper, local, hooked, config),
-            _registry.FA2_DECODE,
-            lambda: _registry.decode_plan(_api._dtype_name(q.dtype), HD, upper,
-                                          _api._max_smem(cupy, device_id), local, hooked,
-                                          config))
+        HD, max_smem = _plan.head_dim_bucket(d), _api._max_smem(cupy, device_id)
+
+        def prepared(tile):  # (plan, kernels, params) of a tile (None: the table's)
+            return _api._prepared(
+                _launches, (device_id, q.dtype, d, upper, local, hooked, tile),
+                _registry.FA2_DECODE,
+                lambda: _registry.decode_plan(_api._dtype_name(q.dtype), HD, upper, max_smem,
+                                              local, hooked, tile))
+        plan, kernels, params = prepared(config)
         cfg = plan.cfg
         longest = capacity if lens_host is None else int(np.max(lens_host)) + seqlen_new
         sms = int(_api._device_properties(cupy, device_id)["multiProcessorCount"])
         if num_splits == 0:
-            slots = sms * cfg.blocks_per_sm(_api._max_smem(cupy, device_id))
+            slots = sms * cfg.blocks_per_sm(max_smem)
             num_splits = _registry.decode_num_splits(batch, units, row_tiles, longest, slots,
                                                      cfg, paged)
         if config is None:  # (a launch that fills the GPU unsplit: the streaming tile)
             stream = _plan.decode_stream_config(cfg, batch * units * row_tiles, num_splits,
-                                                longest, sms, paged)
-            if stream is not cfg and stream.smem_bytes <= _api._max_smem(cupy, device_id):
-                plan, kernels, params = _api._prepared(
-                    _launches, (device_id, q.dtype, d, upper, local, hooked, stream),
-                    _registry.FA2_DECODE,
-                    lambda: _registry.decode_plan(_api._dtype_name(q.dtype), HD, upper,
-                                                  _api._max_smem(cupy, device_id), local,
-                                                  hooked, stream))
+                                                longest, sms, paged, max_smem)
+            if stream is not cfg:
+                plan, kernels, params = prepared(stream)
                 cfg = plan.cfg
         partial_rows = num_splits * batch * nheads * seqlen_q if num_splits > 1 else 0
         partials, partial = _split_partials(cupy, partial_rows, d)  # (kept through the launches)

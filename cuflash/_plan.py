@@ -398,17 +398,26 @@ def decode_config(HD: int, max_smem_bytes: int) -> DecodeConfig:
     return _first_fitting(("any", "decode", HD, False), max_smem_bytes)
 
 
+def decode_stream_tile(cfg: DecodeConfig, max_smem_bytes: int | None = None):
+    """DECODE_STREAM's replacement for the table's tile cfg, where it has one that fits
+    max_smem_bytes (None: any size); else None."""
+    stream = DECODE_STREAM.get(cfg)
+    fits = stream is not None and (max_smem_bytes is None or stream.smem_bytes <= max_smem_bytes)
+    return stream if fits else None
+
+
 def decode_stream_config(cfg: DecodeConfig, tiles: int, num_splits: int, seqlen_k: int,
-                         sms: int, paged: bool = False) -> DecodeConfig:
+                         sms: int, paged: bool = False,
+                         max_smem_bytes: int | None = None) -> DecodeConfig:
     """The tile for a launch of `tiles` thread blocks per split (batch x KV heads x row
     tiles) in num_splits splits over caches of up to seqlen_k keys, on a GPU of `sms` SMs,
-    where the table gives cfg: DECODE_STREAM's where one split's blocks fill 80% of the SMs
-    and the caches are long and contiguous, else cfg. (Paged caches keep the table's: with
+    where the table gives cfg: decode_stream_tile's where one split's blocks fill 80% of the
+    SMs and the caches are long and contiguous, else cfg. (Paged caches keep the table's: with
     pages of 16 the streaming tile measured 0.6-1% slower at batch 16 x 128k and batch 64 x
     8k and 128k, decode_16x8x2_ab.log.)"""
     if num_splits == 1 and tiles >= 0.8 * sms and seqlen_k >= DECODE_STREAM_MIN_KEYS and \
             not paged:
-        return DECODE_STREAM.get(cfg, cfg)
+        return decode_stream_tile(cfg, max_smem_bytes) or cfg
     return cfg
 
 

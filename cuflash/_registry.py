@@ -304,9 +304,9 @@ def _decode_plans(dt, HD, causal, smem, bulk, local=False, hooked=False) -> list
     """The table's decode tile and, where it has one that fits, its streaming replacement
     (_plan.DECODE_STREAM: launches that fill the GPU without splitting)."""
     plan = decode_plan(dt, HD, causal, smem, local, hooked)
-    stream = _plan.DECODE_STREAM.get(plan.cfg)
-    return [plan] + ([decode_plan(dt, HD, causal, smem, local, hooked, stream)]
-                     if stream is not None and stream.smem_bytes <= smem else [])
+    stream = _plan.decode_stream_tile(plan.cfg, smem)
+    return [plan] + ([] if stream is None else
+                     [decode_plan(dt, HD, causal, smem, local, hooked, stream)])
 
 
 FA2_DECODE = Variant("fa2_decode", _plan.DECODE_FILE, _params.DECODE, ("80", "90"),
