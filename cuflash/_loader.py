@@ -272,8 +272,13 @@ class Launcher:
         self._bind_context()
         self._context = driver.ctxGetCurrent()
         major = runtime.getDeviceProperties(self._device)["major"]
-        self._launch_ex = _launch_kernel_ex() if major >= 9 else None
-        self._ex_lock = threading.Lock()  # (the config below is filled per launch)
+        self._set_up_dependent(_launch_kernel_ex() if major >= 9 else None)
+
+    def _set_up_dependent(self, launch_ex) -> None:
+        """Dependent launches through `launch_ex` (cuLaunchKernelEx; None: none): the launch
+        config, filled per launch under its lock, with its one attribute."""
+        self._launch_ex = launch_ex
+        self._ex_lock = threading.Lock()
         self._attr = _LaunchAttribute(_PROGRAMMATIC_STREAM_SERIALIZATION)
         self._attr.value[0] = 1
         self._config = _LaunchConfig(attrs=ctypes.addressof(self._attr), num_attrs=1)

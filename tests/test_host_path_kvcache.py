@@ -181,7 +181,6 @@ def test_dependent_launch_fills_the_launch_config(monkeypatch):
     memory, the stream (0: the legacy default stream, NULL), the one attribute (programmatic
     stream serialization, on) and the parameter array; without the driver function, below
     sm_90 or with DEPENDENT_LAUNCHES off, it is an ordinary cuLaunchKernel."""
-    import ctypes
 
     from cuflash import _loader
     calls = []
@@ -194,14 +193,9 @@ def test_dependent_launch_fills_the_launch_config(monkeypatch):
         return 0
     launcher = object.__new__(_loader.Launcher)  # (its __init__ needs a GPU)
     launcher.bind_thread = lambda: None
-    launcher._func, launcher._launch_ex = 0x1234, launch_ex
+    launcher._func = 0x1234
     launcher._launch = lambda *a: calls.append(("plain",) + a)
-    launcher._ex_lock = _loader.threading.Lock()
-    launcher._attr = _loader._LaunchAttribute(_loader._PROGRAMMATIC_STREAM_SERIALIZATION)
-    launcher._attr.value[0] = 1
-    launcher._config = _loader._LaunchConfig(attrs=ctypes.addressof(launcher._attr),
-                                             num_attrs=1)
-    launcher._config.block[1] = launcher._config.block[2] = 1
+    launcher._set_up_dependent(launch_ex)
     params = type("P", (), {"params": 0x5678})()
     launcher((3, 2, 1), 256, 1000, 0, params, dependent=True)
     launcher((4, 1, 2), 128, 0, 0xABC, params, dependent=True)
