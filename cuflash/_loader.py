@@ -275,14 +275,26 @@ class Launcher:
         self._set_up_dependent(_launch_kernel_ex() if major >= 9 else None)
 
     def _set_up_dependent(self, launch_ex) -> None:
-        """Dependent launches through `launch_ex` (cuLaunchKernelEx; None: none): the launch
-        config, filled per launch under its lock, with its one attribute."""
+        """Dependent launches through `launch_ex` (cuLaunchKernelEx; None: none), with one
+        launch config per (grid, block, shared memory, stream) built on first use: a decode
+        loop repeats a few, and filling a ctypes struct per launch cost microseconds."""
         self._launch_ex = launch_ex
-        self._ex_lock = threading.Lock()
-        self._attr = _LaunchAttribute(_PROGRAMMATIC_STREAM_SERIALIZATION)
-        self._attr.value[0] = 1
-        self._config = _LaunchConfig(attrs=ctypes.addressof(self._attr), num_attrs=1)
-        self._config.block[1] = self._config.block[2] = 1
+        self._ex_configs = {}
+
+    def _ex_config(self, key) -> int:
+        """The address of the launch config of `key` (grid, block, shared memory, stream),
+        with its one attribute (programmatic stream serialization, on); built once."""
+        made = self._ex_configs.get(key)
+        if made is None:
+            grid, block, shared_mem, stream = key
+            attr = _LaunchAttribute(_PROGRAMMATIC_STREAM_SERIALIZATION)
+            attr.value[0] = 1
+            config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(block, 1, 1),
+                                   shared_mem, stream or None, ctypes.addressof(attr), 1)
+            if len(self._ex_configs) >= 64:  # (a bound: streams come and go)
+                self._ex_configs = {}
+            made = self._ex_configs[key] = (ctypes.addressof(config), config, attr)
+        return made[0]
 
     def _bind_context(self) -> None:
         """Make the device's primary context current on this thread. The runtime binds it
@@ -311,11 +323,8 @@ class Launcher:
             self._launch(self._func, grid[0], grid[1], grid[2], block, 1, 1, shared_mem,
                          stream, params.params, 0)
             return
-        with self._ex_lock:
-            c = self._config
-            c.grid[0], c.grid[1], c.grid[2] = grid
-            c.block[0], c.shared_mem, c.stream = block, shared_mem, stream or None
-            rc = self._launch_ex(ctypes.addressof(c), self._func, params.params, None)
+        rc = self._launch_ex(self._ex_config((tuple(grid), block, shared_mem, stream)),
+                             self._func, params.params, None)
         if rc:
             raise RuntimeError(f"cuLaunchKernelEx failed (CUresult {rc}) for grid {tuple(grid)}"
                                f", {block} threads, {shared_mem} bytes of shared memory")

@@ -201,6 +201,8 @@ def test_dependent_launch_fills_the_launch_config(monkeypatch):
     launcher((4, 1, 2), 128, 0, 0xABC, params, dependent=True)
     assert calls == [("ex", (3, 2, 1), (256, 1, 1), 1000, None, 1, 6, 1, 0x1234, 0x5678, None),
                      ("ex", (4, 1, 2), (128, 1, 1), 0, 0xABC, 1, 6, 1, 0x1234, 0x5678, None)]
+    launcher([3, 2, 1], 256, 1000, 0, params, dependent=True)  # (built once per launch)
+    assert calls[-1] == calls[0] and len(launcher._ex_configs) == 2
     calls.clear()
     launcher((3, 2, 1), 256, 1000, 7, params)
     monkeypatch.setattr(_loader, "DEPENDENT_LAUNCHES", False)
