@@ -873,14 +873,19 @@ def _member_offsets(params, names) -> tuple:
     return tuple(at[n] for n in names)
 
 
-def _launch_struct(params, filled, launches, stream: int) -> None:
+def _run_launches(params, launches, stream: int) -> None:
     """The kernels of `launches` ((kernel, grid, threads, shared memory, dependent) each, in
-    order; _loader.Launcher) on the parameter bytes `filled`, on the stream whose handle is
-    given (their device current)."""
+    order; _loader.Launcher) on the bytes packed in `params`, on the stream whose handle is
+    given (their device current; the caller holds params.lock)."""
+    for kernel, grid, threads, smem, dependent in launches:
+        kernel(grid, threads, smem, stream, params, dependent)
+
+
+def _launch_struct(params, filled, launches, stream: int) -> None:
+    """_run_launches on the parameter bytes `filled` (a repeat's remembered struct)."""
     with params.lock:
         params.buf[:] = filled
-        for kernel, grid, threads, smem, dependent in launches:
-            kernel(grid, threads, smem, stream, params, dependent)
+        _run_launches(params, launches, stream)
 
 
 def _with_addresses(template: bytes, offsets, addresses) -> bytearray:
@@ -895,17 +900,15 @@ def _with_addresses(template: bytes, offsets, addresses) -> bytearray:
 class _Repeat:
     """One remembered forward launch (see above)."""
 
-    __slots__ = ("device_id", "kernel", "grid", "threads", "smem", "params", "template",
-                 "offsets", "tma", "out_shape", "dtype", "lse_shape", "extents", "filled",
-                 "launches")
+    __slots__ = ("device_id", "kernel", "params", "template", "offsets", "tma", "out_shape",
+                 "dtype", "lse_shape", "extents", "filled", "launches")
 
     def __init__(self, launch, device_id, q, k, v, out, lse):
-        (self.kernel, self.grid, self.threads, self.smem, self.params, self.template,
-         self.tma) = launch
+        self.kernel, grid, threads, smem, self.params, self.template, self.tma = launch
         self.device_id, self.out_shape, self.dtype, self.lse_shape = \
             device_id, q.shape, q.dtype, lse.shape
         # (_launch_struct's: one launch, after whatever the stream ran before)
-        self.launches = ((self.kernel, self.grid, self.threads, self.smem, False),)
+        self.launches = ((self.kernel, grid, threads, smem, False),)
         self.offsets = _member_offsets(self.params, ("q", "k", "v", "o", "lse") + (
             ("tm_q", "tm_k", "tm_v") if self.tma else ()))
         self.extents = tuple(_extent(x.shape, x.strides, x.itemsize) for x in (q, k, v, out, lse))

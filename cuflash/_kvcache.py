@@ -311,8 +311,7 @@ def _forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, caus
                     launches.append((kernels["combine"],
                                      _registry.decode_combine_grid(batch, nheads * seqlen_q),
                                      128, 0, True))
-            for kernel, grid, threads, smem, dependent in launches:
-                kernel(grid, threads, smem, stream, params, dependent)
+            _api._run_launches(params, launches, stream)
             if key is not None and as_given and out.size and lens_host is None and \
                     table_host is None:  # (lengths and table on the GPU: nothing to check)
                 _api._keep(_repeats, key, _DecodeRepeat(
