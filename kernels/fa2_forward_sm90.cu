@@ -314,6 +314,13 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         if (lane == 0) mbar_arrive(bar);
     };
 
+    // PINGPONG's turns (below) run on across tiles: consumer 0 has the first; after the last
+    // step of a tile, the last consumer hands it the first turn of the next, so that
+    // consumer 0's S of the next tile runs under the others' last softmax and epilogue
+    // instead of after them (a short tile is a few steps: causal n 512 at d 64 is one to
+    // four). One hand-over is outstanding at most (the next comes only after consumer 0 has
+    // taken a turn); consumer 0 takes the last one, which no tile uses, at the end.
+    if (Tile::PINGPONG && wg == Tile::CONSUMERS - 1) named_barrier_arrive(1, 256);
     int it0 = 0, c = 0;  // slot rounds before this tile, the walk's position
     Tile_ tl;
     for (int count = 0; next_tile(c, tl); ++count) {  // (count: tiles done)
@@ -376,20 +383,20 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             // the turn to the next and runs its softmax while the others' matmuls run
             // (FlashAttention-3's inter-warpgroup overlap). Turns are named barriers: consumer
             // w waits on barrier 1 + w (256 threads: its own 128 and the previous one's
-            // arrival); per tile, consumer 0 goes first, the last one handing it the turn.
-            constexpr int LAST = Tile::CONSUMERS - 1;
+            // arrival); per tile, consumer 0 goes first, the last one handing it the turn
+            // (the first step's at the end of the tile before: see above the tiles' loop).
             // the next one's barrier (1 + (wg + 1) % CONSUMERS in general; 2 - wg, its value
             // for two, kept spelled out: the general form changed the two-warpgroup SASS)
             const int next_turn =
                 Tile::CONSUMERS == 2 ? 2 - wg : 1 + (wg + 1) % Tile::CONSUMERS;
             unsigned pa[B_c / 16][4];
             float s[1][NT_S][4];
-            if (wg == LAST && n > 0) named_barrier_arrive(1, 256);
             for (int i = 0; i < n; ++i) {
                 named_barrier_sync(1 + wg, 256);
                 if (i > 0) issue_pv(pa, it0 + i - 1);
                 issue_s(s, it0 + i);
-                if (!(wg == LAST && i == n - 1)) named_barrier_arrive(next_turn, 256);
+                named_barrier_arrive(next_turn, 256);  // (the last one's, after step n - 1:
+                                                       // consumer 0's next tile, see above)
                 wgmma_wait<0>();
                 fence_accumulators(s[0]);
                 fence_accumulators(o[0]);
@@ -484,6 +491,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             }
         }
     }
+    if (Tile::PINGPONG && wg == 0) named_barrier_sync(1, 256);  // (the last hand-over)
 }
 
 }  // namespace cuflash
