@@ -314,13 +314,14 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         if (lane == 0) mbar_arrive(bar);
     };
 
-    // PINGPONG's turns (below) run on across tiles: consumer 0 has the first; after the last
-    // step of a tile, the last consumer hands it the first turn of the next, so that
-    // consumer 0's S of the next tile runs under the others' last softmax and epilogue
-    // instead of after them (a short tile is a few steps: causal n 512 at d 64 is one to
+    // PINGPONG's turns (below) run on across tiles: consumer 0 has the first; once the last
+    // consumer has issued its last P~V of a tile, it hands consumer 0 the first turn of the
+    // next, so that consumer 0's S of the next tile runs under the others' epilogue instead
+    // of after it (a short tile is a few steps: causal n 512 at d 64 is one to
     // four). One hand-over is outstanding at most (the next comes only after consumer 0 has
     // taken a turn); consumer 0 takes the last one, which no tile uses, at the end.
-    if (Tile::PINGPONG && wg == Tile::CONSUMERS - 1) named_barrier_arrive(1, 256);
+    constexpr int LAST = Tile::CONSUMERS - 1;
+    if (Tile::PINGPONG && wg == LAST) named_barrier_arrive(1, 256);
     int it0 = 0, c = 0;  // slot rounds before this tile, the walk's position
     Tile_ tl;
     for (int count = 0; next_tile(c, tl); ++count) {  // (count: tiles done)
@@ -395,8 +396,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                 named_barrier_sync(1 + wg, 256);
                 if (i > 0) issue_pv(pa, it0 + i - 1);
                 issue_s(s, it0 + i);
-                named_barrier_arrive(next_turn, 256);  // (the last one's, after step n - 1:
-                                                       // consumer 0's next tile, see above)
+                if (!(wg == LAST && i == n - 1)) named_barrier_arrive(next_turn, 256);
                 wgmma_wait<0>();
                 fence_accumulators(s[0]);
                 fence_accumulators(o[0]);
@@ -407,7 +407,12 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                 if (i == n - 1) release(q_free);
                 softmax_step(s, cb.begin + i, pa);
             }
-            if (n > 0) issue_pv(pa, it0 + n - 1);
+            if (n > 0) {
+                issue_pv(pa, it0 + n - 1);
+                // (the next tile's first turn: the last consumer's matmuls of this tile are
+                // issued, see above the tiles' loop)
+                if (wg == LAST) named_barrier_arrive(1, 256);
+            }
         } else {
             // Step i works on S_ij in `s` and, with OVERLAP, first issues S for the next
             // block into `s_next`, so that the tensor cores compute it while this step's
