@@ -316,10 +316,11 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
 
     // PINGPONG's turns (below) run on across tiles: consumer 0 has the first; once the last
     // consumer has issued its last P~V of a tile, it hands consumer 0 the first turn of the
-    // next, so that consumer 0's S of the next tile runs under the others' epilogue instead
-    // of after it (a short tile is a few steps: causal n 512 at d 64 is one to
-    // four). One hand-over is outstanding at most (the next comes only after consumer 0 has
-    // taken a turn); consumer 0 takes the last one, which no tile uses, at the end.
+    // next tile that has steps (tiles with none take no turn), so that consumer 0's S there
+    // runs under the others' epilogue instead of after it (a short tile is a few steps:
+    // causal n 512 at d 64 is one to four). One hand-over is outstanding at most (the next
+    // comes only after consumer 0 has taken a turn); consumer 0 takes the last one, which no
+    // tile uses, at the end.
     constexpr int LAST = Tile::CONSUMERS - 1;
     if (Tile::PINGPONG && wg == LAST) named_barrier_arrive(1, 256);
     int it0 = 0, c = 0;  // slot rounds before this tile, the walk's position
@@ -385,7 +386,8 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             // (FlashAttention-3's inter-warpgroup overlap). Turns are named barriers: consumer
             // w waits on barrier 1 + w (256 threads: its own 128 and the previous one's
             // arrival); per tile, consumer 0 goes first, the last one handing it the turn
-            // (the first step's at the end of the tile before: see above the tiles' loop).
+            // (the first step's at the end of the last earlier tile with steps, or before the
+            // tiles' loop: see there).
             // the next one's barrier (1 + (wg + 1) % CONSUMERS in general; 2 - wg, its value
             // for two, kept spelled out: the general form changed the two-warpgroup SASS)
             const int next_turn =
@@ -409,8 +411,8 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             }
             if (n > 0) {
                 issue_pv(pa, it0 + n - 1);
-                // (the next tile's first turn: the last consumer's matmuls of this tile are
-                // issued, see above the tiles' loop)
+                // (the first turn of the next tile with steps: the last consumer's matmuls
+                // of this tile are issued, see above the tiles' loop)
                 if (wg == LAST) named_barrier_arrive(1, 256);
             }
         } else {
