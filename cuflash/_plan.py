@@ -312,6 +312,9 @@ class Sm90ForwardConfig:
     lazy: bool = False  # softmax: O~ rescaled only when m_i grows by more than 2^8 in P~
     poly: int = 0  # softmax: the exponentials of every poly-th n8 tile on the FMA pipe
     consumers: int = 2  # consumer warpgroups
+    # ping-pong's turns run on across tiles (the last consumer hands consumer 0 the next
+    # tile's first turn once its last P~V is issued); False: they start afresh per tile
+    handover: bool = True
 
     @property
     def B_r(self) -> int:
@@ -325,7 +328,8 @@ class Sm90ForwardConfig:
     def tile_type(self) -> str:
         return (f"cuflash::ForwardTileSm90<{self.HD}, {self.B_c}, {self.stages}, "
                 f"{str(self.overlap).lower()}, {str(self.pingpong).lower()}, "
-                f"{str(self.lazy).lower()}, {self.poly}, {self.consumers}>")
+                f"{str(self.lazy).lower()}, {self.poly}, {self.consumers}, "
+                f"{str(self.handover).lower()}>")
 
     @functools.cached_property  # (read at every launch)
     def smem_bytes(self) -> int:
@@ -575,9 +579,9 @@ def _table() -> dict:
     # each; at 152 ptxas serialized the wgmma of B_c 128) put two softmaxes under each one's
     # matmuls: non-causal +3% at n 512-1024, +11-14% from 2048; causal +3-5% from n 4096 and
     # slower below (more of a 192-row tile is masked).
-    def _h(HD, B_c, stages, lazy=False, consumers=2):
+    def _h(HD, B_c, stages, lazy=False, consumers=2, handover=True):
         return Sm90ForwardConfig(HD, B_c, stages, pingpong=True, lazy=lazy,
-                                 consumers=consumers)
+                                 consumers=consumers, handover=handover)
 
     put("sm90a", "fwd", 64, None, [_h(64, 128, 3, consumers=3)])
     put("sm90a", "fwd", 128, None, [_h(128, 176, 2, lazy=True)])
@@ -605,8 +609,10 @@ def _table() -> dict:
     put("sm90a", "fwd_packed", 64, None, [_h(64, 112, 3, consumers=3)])
     # and with the tile scheduler's ring (the tiles taken in turn), d 256's 128x80 spills in the
     # consumers (60 bytes, causal): 128x64, the short-key tile, which the entries of a
-    # variable-length batch mostly are.
-    put("sm90a", "fwd_packed", 256, None, [_h(256, 64, 2)])
+    # variable-length batch mostly are. Its turns start afresh per tile (handover=False): with
+    # the hand-over's barrier after the tile loop it spilled 40-56 bytes (non-causal, and
+    # causal with a window and the hook), where main's kernel had none.
+    put("sm90a", "fwd_packed", 256, None, [_h(256, 64, 2, handover=False)])
     return t
 
 
@@ -765,20 +771,21 @@ def config_from_shape(which: str, d: int, shape: str, bulk: bool = False):
     """A tile shape written as in bench/bench.py --configs: forward "BrxBcxWarps[xKVstages]",
     backward "BrxBcxWarpsxWMsdpxWMdkvxWMdqxQstages[xDQbulk]" (the dQ mode defaults to two
     bulk tiles where `bulk`, i.e. sm_90+, else atomics), for head dim d; the Hopper forward
-    "hBcxStages[o|p][l][eN][cK]" (o: the intra-warpgroup overlap, p: ping-pong; l: lazy
+    "hBcxStages[o|p][l][eN][cK][t]" (o: the intra-warpgroup overlap, p: ping-pong; l: lazy
     rescaling; eN: every N-th n8 tile's exponentials on the FMA pipe; cK: K consumer
-    warpgroups, B_r = 64 K, default 2)."""
+    warpgroups, B_r = 64 K, default 2; t: ping-pong's turns start afresh per tile, without
+    the hand-over across tiles)."""
     if which == "fwd" and shape.startswith("h"):
-        m = re.fullmatch(r"h(\d+)x(\d+)([op]?)(l?)(?:e(\d))?(?:c([23]))?", shape)
+        m = re.fullmatch(r"h(\d+)x(\d+)([op]?)(l?)(?:e(\d))?(?:c([23]))?(t?)", shape)
         if not m:
             raise ValueError(f"Hopper tile {shape!r}: hBcxStages, then o for the "
                              "intra-warpgroup overlap or p for ping-pong, l for lazy "
                              "rescaling, eN for every N-th n8 tile's exp on the FMA pipe, "
-                             "c2 or c3 consumer warpgroups")
+                             "c2 or c3 consumer warpgroups, t for turns per tile")
         return Sm90ForwardConfig(sm90_head_dim_bucket(d), int(m[1]), int(m[2]),
                                  overlap=m[3] == "o", pingpong=m[3] == "p",
                                  lazy=m[4] == "l", poly=int(m[5] or 0),
-                                 consumers=int(m[6] or 2))
+                                 consumers=int(m[6] or 2), handover=m[7] != "t")
     n = [int(x) for x in shape.split("x")]
     if which == "fwd":
         return ForwardConfig(head_dim_bucket(d), *n)

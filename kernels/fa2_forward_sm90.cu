@@ -60,7 +60,8 @@
 namespace cuflash {
 
 template <int HD_, int B_c_, int STAGES_, bool OVERLAP_, bool PINGPONG_ = false,
-          bool LAZY_RESCALE_ = false, int POLY_EVERY_ = 0, int CONSUMERS_ = 2>
+          bool LAZY_RESCALE_ = false, int POLY_EVERY_ = 0, int CONSUMERS_ = 2,
+          bool HANDOVER_ = true>
 struct ForwardTileSm90 {
     // CONSUMERS warpgroups of 64 query rows each (2, or 3 where a small head dim leaves the
     // registers: three take turns, so that two softmaxes run under each one's matmuls).
@@ -73,6 +74,12 @@ struct ForwardTileSm90 {
     // under the others' matmuls (P~V of a block is issued with the next block's S).
     static constexpr bool PINGPONG = PINGPONG_;
     static_assert(!(OVERLAP && PINGPONG), "one schedule: OVERLAP or PINGPONG");
+    // HANDOVER (with PINGPONG): the turns run on across tiles, the last consumer handing
+    // consumer 0 the next tile's first turn as soon as its own last P~V is issued (see the
+    // consumers' tile loop); off, each tile's turns start afresh once the last consumer has
+    // finished the tile before (its epilogue included). Off only where the hand-over's code
+    // after the tile loop pushed a register-tight tile into spills (cuflash/_plan.py).
+    static constexpr bool HANDOVER = PINGPONG && HANDOVER_;
     // The online softmax's options (softmax.cuh), named as in the portable ForwardTile:
     // LAZY_RESCALE of O~_i (m_i moves only past 2^RESCALE_LOG2 in P~), and the exponentials
     // of every POLY_EVERY-th n8 tile of keys on the FMA pipe (0: all on MUFU).
@@ -314,15 +321,15 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         if (lane == 0) mbar_arrive(bar);
     };
 
-    // PINGPONG's turns (below) run on across tiles: consumer 0 has the first; once the last
-    // consumer has issued its last P~V of a tile, it hands consumer 0 the first turn of the
-    // next tile that has steps (tiles with none take no turn), so that consumer 0's S there
-    // runs under the others' epilogue instead of after it (a short tile is a few steps:
-    // causal n 512 at d 64 is one to four). One hand-over is outstanding at most (the next
-    // comes only after consumer 0 has taken a turn); consumer 0 takes the last one, which no
-    // tile uses, at the end.
+    // With HANDOVER, PINGPONG's turns (below) run on across tiles: consumer 0 has the first;
+    // once the last consumer has issued its last P~V of a tile, it hands consumer 0 the first
+    // turn of the next tile that has steps (tiles with none take no turn), so that consumer
+    // 0's S there runs under the others' epilogue instead of after it (a short tile is a few
+    // steps: causal n 512 at d 64 is one to four). One hand-over is outstanding at most (the
+    // next comes only after consumer 0 has taken a turn); consumer 0 takes the last one,
+    // which no tile uses, at the end.
     constexpr int LAST = Tile::CONSUMERS - 1;
-    if (Tile::PINGPONG && wg == LAST) named_barrier_arrive(1, 256);
+    if (Tile::HANDOVER && wg == LAST) named_barrier_arrive(1, 256);
     int it0 = 0, c = 0;  // slot rounds before this tile, the walk's position
     Tile_ tl;
     for (int count = 0; next_tile(c, tl); ++count) {  // (count: tiles done)
@@ -386,14 +393,15 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             // (FlashAttention-3's inter-warpgroup overlap). Turns are named barriers: consumer
             // w waits on barrier 1 + w (256 threads: its own 128 and the previous one's
             // arrival); per tile, consumer 0 goes first, the last one handing it the turn
-            // (the first step's at the end of the last earlier tile with steps, or before the
-            // tiles' loop: see there).
+            // (with HANDOVER, the first step's at the end of the last earlier tile with steps,
+            // or before the tiles' loop: see there; without, here).
             // the next one's barrier (1 + (wg + 1) % CONSUMERS in general; 2 - wg, its value
             // for two, kept spelled out: the general form changed the two-warpgroup SASS)
             const int next_turn =
                 Tile::CONSUMERS == 2 ? 2 - wg : 1 + (wg + 1) % Tile::CONSUMERS;
             unsigned pa[B_c / 16][4];
             float s[1][NT_S][4];
+            if (!Tile::HANDOVER && wg == LAST && n > 0) named_barrier_arrive(1, 256);
             for (int i = 0; i < n; ++i) {
                 named_barrier_sync(1 + wg, 256);
                 if (i > 0) issue_pv(pa, it0 + i - 1);
@@ -413,7 +421,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                 issue_pv(pa, it0 + n - 1);
                 // (the first turn of the next tile with steps: the last consumer's matmuls
                 // of this tile are issued, see above the tiles' loop)
-                if (wg == LAST) named_barrier_arrive(1, 256);
+                if (Tile::HANDOVER && wg == LAST) named_barrier_arrive(1, 256);
             }
         } else {
             // Step i works on S_ij in `s` and, with OVERLAP, first issues S for the next
@@ -498,7 +506,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             }
         }
     }
-    if (Tile::PINGPONG && wg == 0) named_barrier_sync(1, 256);  // (the last hand-over)
+    if (Tile::HANDOVER && wg == 0) named_barrier_sync(1, 256);  // (the last hand-over)
 }
 
 }  // namespace cuflash

@@ -102,7 +102,11 @@ def test_config_from_shape_reads_the_bench_notation():
     assert (three.B_r, three.threads) == (192, 512)
     assert three.smem_bytes == 1024 + 2 * 192 * 64 + 2 * 4 * 2 * 128 * 64 + 8 * (2 + 4 * 4) \
         + 4 * (16 + 2 * 8)  # (the mbarriers, then the packed batches' tile ring)
-    assert three.tile_type.endswith(", true, true, 3, 3>")
+    assert three.tile_type.endswith(", true, true, 3, 3, true>")
+    # t: ping-pong's turns start afresh per tile (no hand-over across tiles)
+    per_tile = _plan.config_from_shape("fwd", 256, "h64x2pt")
+    assert per_tile == _plan.Sm90ForwardConfig(256, 64, 2, pingpong=True, handover=False)
+    assert per_tile.tile_type.endswith(", 0, 2, false>")
     for bad in ("h128x3q", "h128x3pc4"):
         with pytest.raises(ValueError, match="hBcxStages"):
             _plan.config_from_shape("fwd", 64, bad)
