@@ -42,9 +42,11 @@
 //
 // Variants (template parameters; cuflash/_plan.py picks them):
 //   T        fp16 | bf16
-//   Tile = ForwardTileSm90<HD, B_c, STAGES, OVERLAP>: HD the head dim padded to a multiple of 64
-//            (the real d is zero-filled by TMA past its end), B_c keys per column block, STAGES
-//            K/V slots, OVERLAP the intra-warpgroup overlap of S_(j+1) with softmax_j
+//   Tile = ForwardTileSm90<HD, B_c, STAGES, OVERLAP, ...>: HD the head dim padded to a
+//            multiple of 64 (the real d is zero-filled by TMA past its end), B_c keys per
+//            column block, STAGES K/V slots, OVERLAP the intra-warpgroup overlap of S_(j+1)
+//            with softmax_j; then PINGPONG, the softmax's options, CONSUMERS and HANDOVER
+//            (the struct below)
 //   MaskT = Mask<CAUSAL, LOCAL> (LOCAL: a sliding window's lower limit)
 //   ScoreT = ScoreScale | ScoreHook (score.cuh: softcap and ALiBi)
 //   SeqT = DenseSeq | PackedSeq (seqinfo.cuh: packed = variable-length batches)
