@@ -172,7 +172,7 @@ struct ScoreHook {
         }
     }
 
-  protected:
+  private:
     template <bool SOFTCAP, bool SPLIT = false, class Params, int NT>
     __device__ __forceinline__ void fragment(const Params& p, float (&s)[NT][4],
                                              const float (&dist)[2]) const {
@@ -185,81 +185,6 @@ struct ScoreHook {
                 const float c = static_cast<float>(nt * 8 + e % 2);  // (a compile-time constant)
                 s[nt][e] = SPLIT ? fmaf(slope, c, x) : alibi(x, dist[e / 2] - c);
             }
-    }
-};
-
-// One feature per hook (staged on next-gpu, an experiment the package does not name yet):
-// ScoreHook takes both features at run time, so that a call with the softcap alone still
-// applies ALiBi's term with a slope of 0 (an FADD and an FFMA per element, one FFMA under the
-// causal mask) and a call with ALiBi alone still tests for the softcap. These two do only
-// their own feature's work: the same results as ScoreHook with the other feature off. Each
-// is right only for its own feature: ScoreSoftcap needs a softcap > 0 and no slopes,
-// ScoreAlibi slopes and no softcap (a host that names them must pick them so).
-struct ScoreSoftcap : ScoreHook {
-    using ScoreHook::ScoreHook;
-    template <bool SHIFTED, class Params>
-    __device__ __forceinline__ float diagonal(const Params&, int, int, int, int) const {
-        return 0.f;  // (no ALiBi: the distance is not used)
-    }
-    template <class Params>
-    __device__ __forceinline__ float apply(const Params& p, float s, float,
-                                           float& dfactor) const {
-        const float t = softcap_tanh(s, p.softcap_in);
-        dfactor = 1.f - t * t;
-        return p.softcap_out * t;
-    }
-    template <class Params>
-    __device__ __forceinline__ float apply(const Params& p, float s, float dist) const {
-        float unused;
-        return apply(p, s, dist, unused);
-    }
-    template <class Params, int NT>
-    __device__ __forceinline__ void apply_fragment(const Params& p, float (&s)[NT][4],
-                                                   const float (&)[2]) const {
-        const float cap_in = p.softcap_in, cap_out = p.softcap_out;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] = cap_out * softcap_tanh(s[nt][e], cap_in);
-    }
-    template <bool SPLIT, class Params, int NT>
-    __device__ __forceinline__ void apply_fragment(const Params& p, float (&s)[NT][4],
-                                                   const float (&dist)[2],
-                                                   float (&row_bias)[2]) const {
-        if constexpr (SPLIT) row_bias[0] = row_bias[1] = 0.f;  // (no row part)
-        apply_fragment(p, s, dist);
-    }
-};
-
-struct ScoreAlibi : ScoreHook {
-    using ScoreHook::ScoreHook;
-    template <class Params>
-    __device__ __forceinline__ float apply(const Params&, float s, float dist,
-                                           float& dfactor) const {
-        dfactor = 1.f;
-        return alibi(s, dist);
-    }
-    template <class Params>
-    __device__ __forceinline__ float apply(const Params& p, float s, float dist) const {
-        float unused;
-        return apply(p, s, dist, unused);
-    }
-    template <class Params, int NT>
-    __device__ __forceinline__ void apply_fragment(const Params& p, float (&s)[NT][4],
-                                                   const float (&dist)[2]) const {
-        fragment<false>(p, s, dist);
-    }
-    template <bool SPLIT, class Params, int NT>
-    __device__ __forceinline__ void apply_fragment(const Params& p, float (&s)[NT][4],
-                                                   const float (&dist)[2],
-                                                   float (&row_bias)[2]) const {
-        if constexpr (SPLIT) {
-            row_bias[0] = -slope * dist[0];
-            row_bias[1] = -slope * dist[1];
-            fragment<false, true>(p, s, dist);
-        } else {
-            fragment<false>(p, s, dist);
-        }
     }
 };
 
