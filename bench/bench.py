@@ -208,20 +208,11 @@ class Point:
     def callables(self, provider, cfg=None):
         """{label: fn} for a provider at this point (empty if it does not apply)."""
         import cuflash
-        from cuflash import _api, _plan
+        from cuflash import _api
         cp, causal = self.cp, self.causal
         if provider == "cuflash" and self.which == "fwd":
             q, k, v = self.inputs()
-            if isinstance(cfg, _plan.Sm90ForwardConfig):
-                label = (f"cuflash-sm90 {cfg.B_r}x{cfg.B_c} s{cfg.stages}"
-                         + (" overlap" if cfg.overlap else "")
-                         + (" pingpong" if cfg.pingpong else "")
-                         + (" lazy" if cfg.lazy else "")
-                         + (f" exp-poly/{cfg.poly}" if cfg.poly else ""))
-            else:
-                label = ("cuflash" if cfg is None else
-                         f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w kv{cfg.kv_stages}")
-            return {label:
+            return {forward_label(cfg):
                     lambda: _api._forward(q, k, v, causal, None, None, None, "fa2", False,
                                           cfg)}
         if provider == "cuflash" and self.which == "bwd":
@@ -363,6 +354,22 @@ def _run_point_rounds(cp, point, providers, reps, warmup, configs, measure_memor
     return rows
 
 
+def forward_label(cfg) -> str:
+    """A forward row's provider name: "cuflash", or the tile it was given (each of its options
+    named, so that two tiles never share a row)."""
+    from cuflash import _plan
+    if cfg is None:
+        return "cuflash"
+    if isinstance(cfg, _plan.Sm90ForwardConfig):
+        return (f"cuflash-sm90 {cfg.B_r}x{cfg.B_c} s{cfg.stages}"
+                + (" overlap" if cfg.overlap else "")
+                + (" pingpong" if cfg.pingpong else "")
+                + (" turns" if cfg.pingpong and not cfg.handover else "")
+                + (" lazy" if cfg.lazy else "")
+                + (f" exp-poly/{cfg.poly}" if cfg.poly else ""))
+    return f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w kv{cfg.kv_stages}"
+
+
 def _new_row(point, label):
     return dict(provider=label, dtype=point.dtype_name, batch=point.b, heads=point.h,
                 kv_heads=point.h_k, seqlen=point.n, headdim=point.d, causal=point.causal,
@@ -375,8 +382,15 @@ def _set_up(point, providers, configs, rows, log):
     fit, ...), a row saying why, appended to `rows` and logged."""
     for provider in providers:
         try:
-            fns = point.callables(provider, None) if not configs or provider != "cuflash" \
-                else {k: v for cfg in configs for k, v in point.callables(provider, cfg).items()}
+            if not configs or provider != "cuflash":
+                fns = point.callables(provider, None)
+            else:  # (one row per tile: two tiles with one label would share a row)
+                fns = {}
+                for cfg in configs:
+                    for label, fn in point.callables(provider, cfg).items():
+                        if label in fns:
+                            raise ValueError(f"two tiles are both labelled {label!r}")
+                        fns[label] = fn
         except Exception as exc:
             rows.append(_failed(_new_row(point, provider), exc))
             log(rows[-1])

@@ -107,6 +107,11 @@ def test_config_from_shape_reads_the_bench_notation():
     per_tile = _plan.config_from_shape("fwd", 256, "h64x2pt")
     assert per_tile == _plan.Sm90ForwardConfig(256, 64, 2, pingpong=True, handover=False)
     assert per_tile.tile_type.endswith(", 0, 2, false>")
+    # bench rows are named by the tile: every option in the name (one row per tile)
+    shapes = ("h128x4p", "h128x4pt", "h128x4pl", "h128x4plt", "h128x4pc3", "h128x4o",
+              "h128x4", "h128x4pe2", "h128x3p", "h96x4p")
+    labels = {_load("bench").forward_label(_plan.config_from_shape("fwd", 64, s)) for s in shapes}
+    assert len(labels) == len(shapes), labels
     for bad in ("h128x3q", "h128x3pc4"):
         with pytest.raises(ValueError, match="hBcxStages"):
             _plan.config_from_shape("fwd", 64, bad)
