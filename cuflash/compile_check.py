@@ -19,6 +19,7 @@ once; any change to a kernel, a header, the planner's tile choices or nvcc compi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -239,22 +240,43 @@ def check_all_cached(archs=ARCHS, nvcc: str | None = None, cache_dir: str | None
     if nvcc is None:
         raise FileNotFoundError("nvcc not found (set CUDACXX or put nvcc on PATH)")
     path = os.path.join(cache_dir or default_cache_dir(), cache_key(archs, nvcc) + ".json")
-    if use_cache and os.path.isfile(path):
+    # Callers that run at once (the suite's workers, the sdist's own tests beside them) take
+    # turns: the first compiles, the others then read its reports instead of compiling too.
+    with _file_lock(path + ".lock" if use_cache else None):
+        if use_cache and os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    return [KernelReport(**r) for r in json.load(f)], True
+            except (OSError, ValueError, TypeError):
+                pass  # unreadable: compile again
+        reports = check_all(archs, nvcc)
         try:
-            with open(path) as f:
-                return [KernelReport(**r) for r in json.load(f)], True
-        except (OSError, ValueError, TypeError):
-            pass  # unreadable: compile again
-    reports = check_all(archs, nvcc)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump([dataclasses.asdict(r) for r in reports], f)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a cache that cannot be written only costs time
+        return reports, False
+
+
+@contextlib.contextmanager
+def _file_lock(path: str | None):
+    """An exclusive lock on `path` (created) for the block; none where path is None, where
+    the folder cannot be written, or where the platform has no fcntl."""
     try:
+        import fcntl
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump([dataclasses.asdict(r) for r in reports], f)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a cache that cannot be written only costs time
-    return reports, False
+        f = open(path, "a")
+    except (ImportError, OSError, TypeError):
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _demangle(names: list[str]) -> dict[str, str]:

@@ -3,6 +3,9 @@ class it is planned for (sm_80 / sm_90 / sm_90a, _plan.ARCH_SMEM), the Hopper ke
 loader inlines headers so that the cache key follows them, and compile errors name the file
 and line. Uses the machine's nvcc (no GPU needed)."""
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from cuflash import _loader, _plan, compile_check
@@ -124,6 +127,26 @@ def test_compile_check_cache_round_trip(tmp_path, monkeypatch):
     again, cached2 = compile_check.check_all_cached(("80",), "nvcc", str(tmp_path))
     assert (cached1, cached2, len(calls)) == (False, True, 1)
     assert again == fake and again[0].spill_stores == 8
+
+
+def test_compile_checks_run_at_once_compile_once(tmp_path, monkeypatch):
+    """Two checks of one tree at the same time (the suite's compile test and the sdist's own,
+    on two workers): the second waits for the first's reports instead of compiling too."""
+    fake = [compile_check.KernelReport("90a", "k", 168, 0, 0, 0, 0)]
+    calls = []
+
+    def slow_check(archs, nvcc):
+        calls.append(1)
+        time.sleep(0.5)
+        return fake
+    monkeypatch.setattr(compile_check, "check_all", slow_check)
+    monkeypatch.setattr(compile_check, "cache_key", lambda archs, nvcc: "key")
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda _: compile_check.check_all_cached(("90a",), "nvcc",
+                                                                     str(tmp_path)), range(2)))
+    assert len(calls) == 1
+    assert sorted(cached for _, cached in got) == [False, True]
+    assert all(reports == fake for reports, _ in got)
 
 
 def test_planner_and_tile_traits_are_checked_for_every_tile():
