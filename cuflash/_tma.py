@@ -63,19 +63,36 @@ def qkv_maps(q, k, v, strides: tuple, dtype_name: str, B_r: int, B_c: int, bind=
     (see `usable`). Cached by addresses, shapes, strides and boxes. `bind`: called before
     encoding (the driver needs a context current on this thread), not on a cache hit."""
     key = (q.data.ptr, k.data.ptr, v.data.ptr, q.shape, k.shape, strides, dtype_name, B_r, B_c)
+    found = _cache.get(key, False)  # (the forward's key, built inline: its host path is hot)
+    if found is not False:
+        return found
+    return _encoded(key, (q, k, v), strides, dtype_name, (B_r, B_c, B_c), bind)
+
+
+def maps(arrays: tuple, strides: tuple, dtype_name: str, rows: tuple, bind=None):
+    """The tensor maps of `arrays` ((batch, seqlen, heads, d) each, element strides `strides`,
+    boxes of 64 columns x rows[i] rows), or None where TMA cannot describe one of them; cached
+    and bound as in qkv_maps."""
+    key = (tuple(x.data.ptr for x in arrays), tuple(x.shape for x in arrays), strides,
+           dtype_name, rows)
     found = _cache.get(key, False)
     if found is not False:
         return found
-    maps = None
-    if all(usable(x.data.ptr, x.shape, s, x.itemsize) for x, s in zip((q, k, v), strides)):
+    return _encoded(key, arrays, strides, dtype_name, rows, bind)
+
+
+def _encoded(key, arrays, strides, dtype_name, rows, bind):
+    """The maps of a cache miss (None where one array is not `usable`), kept under `key`."""
+    out = None
+    if all(usable(x.data.ptr, x.shape, s, x.itemsize) for x, s in zip(arrays, strides)):
         if bind is not None:
             bind()
-        maps = tuple(tensor_map(x.data.ptr, dtype_name, x.shape, s, rows)
-                     for x, s, rows in zip((q, k, v), strides, (B_r, B_c, B_c)))
+        out = tuple(tensor_map(x.data.ptr, dtype_name, x.shape, s, r)
+                    for x, s, r in zip(arrays, strides, rows))
     if len(_cache) >= _CACHE_MAX:
         _cache.clear()
-    _cache[key] = maps
-    return maps
+    _cache[key] = out
+    return out
 
 
 def tensor_map(ptr: int, dtype_name: str, shape: tuple, strides: tuple, rows: int) -> bytes:

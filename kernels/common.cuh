@@ -210,6 +210,14 @@ __device__ __forceinline__ void zero(float (&acc)[M][N][4]) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
 }
+// ... and one row of them (a wgmma accumulator: 64 rows per warpgroup, 16 per warp).
+template <int N>
+__device__ __forceinline__ void zero(float (&acc)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+}
 
 // The warp-level matrix product every FA2 kernel is built from:
 //     acc[mt][nt] += sum over the KSTEPS k steps of A(mt, k) B(k, nt)
@@ -529,6 +537,28 @@ __device__ __forceinline__ void quad_transpose(unsigned (&a)[4], int lane) {
     a[2] = c ? r1 : a[2];
     a[1] = c ? a[1] : r0;
     a[3] = c ? a[3] : r1;
+}
+
+// Row pair e2 of m16n8 accumulators (NT n8 tiles: columns 0 .. 8 NT) to a row of global
+// memory in the input dtype, in 16-byte stores: a quad transpose gives each lane 8
+// consecutive columns (4-byte stores of column pairs wrote each 128-byte line in 8 pieces).
+// `row` starts on a 16-byte boundary; columns from d on, and rows where !row_ok, are not
+// stored (every lane takes part in the transposes). NT a multiple of 4.
+template <typename T, int NT>
+__device__ __forceinline__ void store_accumulator_row(const float (&acc)[NT][4], int e2,
+                                                      elem_t* row, bool row_ok, int d,
+                                                      int lane) {
+#pragma unroll
+    for (int g = 0; g < NT / 4; ++g) {
+        unsigned a[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            a[k] = T::pack(acc[4 * g + k][e2 * 2], acc[4 * g + k][e2 * 2 + 1]);
+        quad_transpose(a, lane);
+        const int col = (4 * g + lane % 4) * 8;  // (d is a multiple of 8)
+        if (row_ok && col < d)
+            *reinterpret_cast<uint4*>(row + col) = make_uint4(a[0], a[1], a[2], a[3]);
+    }
 }
 
 // The A fragment of k-step kk of a product P V whose P sits in accumulators (the mma.sync

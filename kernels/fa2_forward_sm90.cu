@@ -481,10 +481,9 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         it0 += n;
 
         // ---- epilogue: O_i = diag(l_i)^-1 O~_i, L_i = m_i + log(l_i) -----------------------
-        // O in 16-byte stores: a quad transpose gives each lane 8 consecutive columns of its
-        // row (4-byte stores of column pairs wrote each 128-byte line in 8 pieces and took
-        // ~3900 cycles a tile). O starts on a 16-byte boundary with strides that are multiples
-        // of 8 elements (cuflash/_api.py checks a given out; a new one is contiguous).
+        // O in 16-byte stores (common.cuh, store_accumulator_row: 4-byte stores of column pairs
+        // took ~3900 cycles a tile). O starts on a 16-byte boundary with strides that are
+        // multiples of 8 elements (cuflash/_api.py checks a given out; a new one is contiguous).
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
             const float l_row = softmax.row_sum(0, e2, lane);
@@ -493,19 +492,9 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             if (lane % 4 == 0 && row < seqlen_q)
                 p.lse[seq.row_vector(head, nheads) + row] =
                     softmax.lse(0, e2, l_row, score.lse_scale);
-            elem_t* out = p.o + seq.q_offset(p.o_stride_b, p.o_stride_s) +
-                          row * p.o_stride_s + head * p.o_stride_h;
-#pragma unroll
-            for (int g = 0; g < NT_O / 4; ++g) {  // (every lane takes part in the transposes)
-                unsigned a[4];
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    a[k] = T::pack(o[0][4 * g + k][e2 * 2], o[0][4 * g + k][e2 * 2 + 1]);
-                quad_transpose(a, lane);
-                const int col = (4 * g + lane % 4) * 8;  // (d is a multiple of 8)
-                if (row < seqlen_q && col < p.d)
-                    *reinterpret_cast<uint4*>(out + col) = make_uint4(a[0], a[1], a[2], a[3]);
-            }
+            store_accumulator_row<T>(o[0], e2, p.o + seq.q_offset(p.o_stride_b, p.o_stride_s) +
+                                         row * p.o_stride_s + head * p.o_stride_h,
+                                     row < seqlen_q, p.d, lane);
         }
     }
     if (Tile::HANDOVER && wg == 0) named_barrier_sync(1, 256);  // (the last hand-over)

@@ -1,7 +1,8 @@
 // hopper.cuh: the sm_90a primitives of the Hopper kernels, and nothing else.
 //
 //   mbarriers          init, arrive (with an expected transaction count), wait on a phase
-//   TMA                a 4-d tile of a tensor map -> shared memory, completing on an mbarrier
+//   TMA                a 4-d tile of a tensor map -> shared memory, completing on an mbarrier;
+//                      a 1-d bulk copy likewise
 //   wgmma              fence / commit / wait, shared-memory matrix descriptors (128-byte
 //                      swizzle), register fences for the accumulators; the instructions
 //                      themselves are in wgmma.cuh (one per shape, generated)
@@ -73,6 +74,17 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, 
             :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1),
                "r"(c2), "r"(c3), "r"(bar)
             : "memory");)
+}
+
+// `bytes` (a multiple of 16) from global memory at `src` (16-byte aligned) -> shared memory at
+// `dst` (16-byte aligned), counting towards `bar`'s transaction count.
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes,
+                                          unsigned bar) {
+    CUFLASH_SM90A_ONLY(
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+            " [%0], [%1], %2, [%3];"
+            :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");)
 }
 
 // ---- wgmma --------------------------------------------------------------------------------

@@ -101,4 +101,24 @@ __device__ __forceinline__ void mask_fragment(const MaskT& mask, float (&s)[NT][
     mask_fragment_rows(mask, s, [&](int e2) { return row + 8 * e2; }, col0, lane);
 }
 
+// The same on a transposed fragment, S^T = K Q^T (the Hopper backward: rows are keys,
+// columns queries): this lane holds keys `key` and `key` + 8 (e2 = 0, 1) and, in each of the
+// NT n8 tiles of queries from query0, queries 2 (lane % 4) and + 1. S^T[c, r] = -inf where key
+// c is hidden from query r.
+template <class MaskT, int NT>
+__device__ __forceinline__ void mask_fragment_transposed(const MaskT& mask, float (&s)[NT][4],
+                                                         int key, int query0, int lane) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e1 = 0; e1 < 2; ++e1) {
+            // this query's keys, counted from the lane's first key
+            const KeyRange keys = mask.keys(query0 + nt * 8 + (lane % 4) * 2 + e1);
+            const int lo = keys.lo - key, hi = keys.hi - key;
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2)
+                if (MaskT::hidden(8 * e2, lo, hi)) s[nt][e2 * 2 + e1] = CUFLASH_NEG_INF;
+        }
+}
+
 }  // namespace cuflash

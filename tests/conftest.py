@@ -31,6 +31,23 @@ def _gpu_status():
 GPU_AVAILABLE, GPU_SKIP_REASON = _gpu_status()
 
 
+@pytest.fixture(params=["default", "portable"])
+def family(request):
+    """A GPU test that takes it runs on both kernel families: as forward() and backward()
+    dispatch (the Hopper family on an sm_90 GPU, where it covers the call) and under
+    cuflash.portable_kernels() (the mma.sync kernels)."""
+    if request.param == "portable":
+        import cupy
+
+        import cuflash
+        if cupy.cuda.Device().compute_capability != "90":
+            pytest.skip("on this GPU the default family is the portable one (tested as default)")
+        with cuflash.portable_kernels():
+            yield request.param
+    else:
+        yield request.param
+
+
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", default=False,
                      help="also run the tests marked slow (minutes each on an H200)")

@@ -34,19 +34,6 @@ def _uses_hopper_family() -> bool:
     return cp.cuda.Device().compute_capability == "90"
 
 
-@pytest.fixture(params=["default", "portable"])
-def family(request):
-    """Each FA2 forward test runs on both kernel families: as forward() dispatches (the Hopper
-    family on an sm_90 GPU) and under cuflash.portable_kernels() (the mma.sync kernels)."""
-    if request.param == "portable":
-        if not _uses_hopper_family():
-            pytest.skip("on this GPU the default family is the portable one (tested as default)")
-        with cuflash.portable_kernels():
-            yield request.param
-    else:
-        yield request.param
-
-
 def make_qkv(shape_q, shape_k, dtype, strided, scale_q=1.0, scale_kv=1.0):
     """q, k, v as the API wants them; strided=True gives (b, h, s, d) buffers seen through
     .transpose(0, 2, 1, 3), i.e. non-contiguous head and sequence strides."""
