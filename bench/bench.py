@@ -8,6 +8,7 @@
     python bench/bench.py --configs 128x32x4,64x64x4                 # FA2 forward tile shapes
     python bench/bench.py --configs h128x2p,h176x2p,h128x2           # Hopper forward tiles
     python bench/bench.py --pass bwd --configs 64x128x8x2x4x2x2      # FA2 backward tile shapes
+    python bench/bench.py --pass bwd --configs h2,64x128x8x2x4x2x2   # Hopper against portable
 
 Providers (--providers): cuflash (FA2), cuflash-fa1 (FlashAttention-1 loop order, forward
 only), naive (CuPy in the same dtype, S and P materialised; forward only), and, when torch is
@@ -208,7 +209,7 @@ class Point:
     def callables(self, provider, cfg=None):
         """{label: fn} for a provider at this point (empty if it does not apply)."""
         import cuflash
-        from cuflash import _api
+        from cuflash import _api, _plan
         cp, causal = self.cp, self.causal
         if provider == "cuflash" and self.which == "fwd":
             q, k, v = self.inputs()
@@ -218,6 +219,10 @@ class Point:
         if provider == "cuflash" and self.which == "bwd":
             q, k, v, dout = self.inputs()
             out, lse = cuflash.forward(q, k, v, causal=causal)
+            if isinstance(cfg, _plan.Sm90BackwardConfig):
+                return {f"cuflash-sm90 bwd {cfg.B_r}x{cfg.B_c} s{cfg.stages}":
+                        lambda: _api._backward(dout, q, k, v, out, lse, causal, None, False,
+                                               None, None, None, cfg)}
             if cfg is not None:
                 return {f"cuflash {cfg.B_r}x{cfg.B_c}x{cfg.nwarps}w {cfg.wm_sdp}/{cfg.wm_dkv}/"
                         f"{cfg.wm_dq} q{cfg.qstages} dq{cfg.dq_bulk}":

@@ -1180,14 +1180,14 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
     bulk = _has_bulk_copy(cupy, device_id)
     dtypes = [dt if isinstance(dt, str) else _dtype_name(dt) for dt in dtypes]
     variants = [v for v in _registry.VARIANTS
-                if v is not _registry.FA2_BACKWARD or backward
+                if v not in (_registry.FA2_BACKWARD, _registry.FA2_BACKWARD_SM90) or backward
                 if v is not _registry.FA1_FORWARD or fa1
                 if v is not _registry.FA2_DECODE or decode
-                if v is not _registry.FA2_FORWARD_SM90 or _uses_sm90(cupy, device_id)]
+                if v not in _SM90_VARIANTS or _uses_sm90(cupy, device_id)]
     sm90_buckets = sorted({_plan.sm90_head_dim_bucket(b) for b in buckets})
     names = list(dict.fromkeys(
         (v.source, name, v.options) for v in variants for dt in dtypes
-        for HD in (sm90_buckets if v is _registry.FA2_FORWARD_SM90 else buckets)
+        for HD in (sm90_buckets if v in _SM90_VARIANTS else buckets)
         for c in causal
         for features in _precompile_features(v, windows, varlen,
                                              any(d % 8 for d in head_dims or ()))
@@ -1201,6 +1201,9 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
         list(pool.map(build, names))
     return len(names)
+
+
+_SM90_VARIANTS = (_registry.FA2_FORWARD_SM90, _registry.FA2_BACKWARD_SM90)
 
 
 def _precompile_features(variant, windows: bool, varlen: bool, odd_d: bool = False) -> list:
@@ -1234,7 +1237,9 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
     causal, softmax_scale, window_size, softcap, alibi_slopes : as given to the forward
     deterministic : bool
         Bitwise-identical gradients on every run (dQ is summed in a fixed order instead of by
-        racing atomics); 0.97-1.14x the default's time on the H200, see PERFORMANCE.md.
+        racing atomics), on the portable backward: 0.97-1.14x its default's time on the H200,
+        and about 1.4-1.75x the Hopper backward's, which is the default there for dense calls
+        with d <= 128 and no window or hook (PERFORMANCE.md).
     dq, dk, dv : optional preallocated outputs: C-contiguous, on a 16-byte boundary, sharing
         no memory with each other or with dout, q, k, v, out, lse.
 
@@ -1388,6 +1393,19 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         q, k, v, qkv_strides = _aligned_qkv(cupy, q, k, v, layout)
         if not odd_d:  # (OddD kernels read rows element by element, as they are)
             dout, out = _aligned(cupy, dout), _aligned(cupy, out)
+        # The Hopper backward where it covers the call (fa2_backward_sm90.cu: dense, d <= 128,
+        # no window, hook or deterministic mode), else the portable one below.
+        hopper_tile = isinstance(config, _plan.Sm90BackwardConfig)
+        if (hopper_tile or config is None) and packed is None and \
+                not (local or hooked or odd_d or deterministic) and \
+                _uses_sm90(cupy, device_id) and \
+                _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, causal,
+                               scale, qkv_strides, config, scratch):
+            return dq, dk, dv
+        if hopper_tile:
+            raise ValueError(f"the Hopper backward tile {config} cannot run this call (it "
+                             "needs an sm_90 GPU, a dense batch, d <= 128, no window, softcap, "
+                             "ALiBi or deterministic mode, and TMA-describable q, k, v, dout)")
         # The tile shape and the three compiled kernels, looked up once per configuration.
         def make_plan():
             max_smem, bulk = _max_smem(cupy, device_id), _has_bulk_copy(cupy, device_id)
@@ -1453,6 +1471,69 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
                 cupy.sum(buf, axis=0, out=s_["dkv_sum"])
                 g[...] = s_["dkv_sum"]
     return dq, dk, dv
+
+
+def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, causal, scale,
+                   qkv_strides, config=None, scratch=None) -> bool:
+    """The Hopper backward (kernels/fa2_backward_sm90.cu): the padded preprocess, the main
+    kernel (TMA loads of q, k, v, dout through tensor maps, wgmma, warp specialisation), the
+    dQ pass. config: an explicit Sm90BackwardConfig (the bench's), else the table's. Returns
+    False, launching nothing, where the head dim takes the portable backward or TMA cannot
+    describe q, k, v or dout."""
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    cfg = config or _plan.sm90_backward_config(d)
+    if cfg is None:
+        return False
+    dtype_name = _dtype_name(q.dtype)
+    plan, kernels, params = _prepared(
+        _backward_launches, ("sm90", device_id, q.dtype, d, causal, cfg),
+        _registry.FA2_BACKWARD_SM90,
+        lambda: _registry.sm90_backward_plan(dtype_name, d, causal, cfg))
+    pre, main, fin = kernels["pre"], kernels["main"], kernels["dq"]
+    qs, ks, vs = qkv_strides
+    dos = _strides(dout)
+    maps = _tma.maps((q, k, v, dout), (qs, ks, vs, dos), dtype_name,
+                     (cfg.B_r, cfg.B_c, cfg.B_c, cfg.B_r), bind=main.bind_thread)
+    if maps is None:
+        return False
+    s_ = _scratch_arrays(cupy, _sm90_backward_scratch(cfg, batch, nheads, seqlen_q), scratch)
+    lanes = 1 << max(0, (-(-d // 8) - 1).bit_length())  # preprocess: pow2 >= d / 8 per row
+    rows = -(-seqlen_q // cfg.B_r) * cfg.B_r  # (the padded rows of D and L log2 e)
+    stream = cupy.cuda.get_current_stream().ptr
+    tm_q, tm_k, tm_v, tm_do = maps
+    with params.lock:  # one struct for the three kernels
+        params.pack(tm_q=tm_q, tm_k=tm_k, tm_v=tm_v, tm_do=tm_do, q=q.data.ptr, k=k.data.ptr,
+                    v=v.data.ptr, o=out.data.ptr, dout=dout.data.ptr, lse=lse.data.ptr,
+                    dsum=s_["D"].data.ptr, lse_log2=s_["L2"].data.ptr,
+                    dq_accum=s_["dq_accum"].data.ptr, dq=dq.data.ptr, dk=dk.data.ptr,
+                    dv=dv.data.ptr, q_strides=qs, k_strides=ks, v_strides=vs,
+                    o_strides=_strides(out), do_strides=dos, dq_strides=_strides(dq),
+                    dk_strides=_strides(dk), seqlen_q=seqlen_q, seqlen_k=seqlen_k, d=d,
+                    group=nheads // nheads_k, nheads=nheads, head_parts=1, deterministic=0,
+                    splits=1, dq_accum_cols=cfg.HD, lanes=lanes, softmax_scale=scale,
+                    scale_log2=scale * _LOG2E)
+        # 1. D = rowsum(dO ∘ O) and L log2(e), padded to whole row blocks
+        pre(_registry.backward_preprocess_grid(rows, lanes, nheads, batch), 128, 0, stream,
+            params)
+        # 2. dK, dV per column block; dQ added into dQ_accum by bulk reductions
+        main(_registry.sm90_backward_grid(cfg, seqlen_k, nheads_k, batch), cfg.threads,
+             cfg.smem_bytes, stream, params)
+        # 3. dQ = scale * dQ_accum, in the input dtype
+        fin(_registry.backward_dq_grid(cfg, seqlen_q, d, nheads, batch), 128, 0, stream,
+            params)
+    return True
+
+
+def _sm90_backward_scratch(cfg, batch, nheads, seqlen_q) -> _Scratch:
+    """The Hopper backward's scratch: D and L log2(e), float32 (batch, heads, rows), and the
+    zeroed float32 dQ sums (batch, heads, rows, HD) in the kernel's fragment order, rows being
+    seqlen_q rounded up to whole row blocks."""
+    rows = -(-seqlen_q // cfg.B_r) * cfg.B_r
+    f32 = np.float32
+    return _Scratch((("D", (batch, nheads, rows), f32, False),
+                     ("L2", (batch, nheads, rows), f32, False),
+                     ("dq_accum", (batch, nheads, rows, cfg.HD), f32, True)), 0, 1, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1539,8 +1620,12 @@ def _backward_scratch_bytes(q_shape, k_shape, causal, window_size, softcap, alib
     cfg = _plan.backward_config(_plan.backward_head_dim_bucket(d), max_smem, bulk, local,
                                 hooked, odd_d, False)
     sms = _device_properties(cupy, device_id)["multiProcessorCount"]
-    return _backward_scratch(cfg, deterministic, upper, batch, nheads, nheads_k, seqlen_q,
-                             seqlen_k, k_shape, sms, bound=True).nbytes
+    portable = _backward_scratch(cfg, deterministic, upper, batch, nheads, nheads_k, seqlen_q,
+                                 seqlen_k, k_shape, sms, bound=True).nbytes
+    hopper = _plan.sm90_backward_config(d)  # (its scratch grows with the batch, linearly)
+    if hopper is None or not _uses_sm90(cupy, device_id):
+        return portable
+    return max(portable, _sm90_backward_scratch(hopper, batch, nheads, seqlen_q).nbytes)
 
 
 def _scratch_arrays(cupy, spec: _Scratch, arena=None) -> dict:

@@ -211,6 +211,20 @@ BWD = Struct("BwdParams", "Backward kernels (fa2_backward.cu).", [
     Field("ws_blocks", "i32", "packed, bulk dQ: row blocks per head in dQ_accum", "", 0),
 ])
 
+# ---- the Hopper backward: fa2_backward_sm90 and its two passes ------------------------------
+# The backward's fields behind four TMA tensor maps (cuflash/_tma.py): Q and dO in boxes of B_r
+# rows, K and V of B_c. The preprocess and the dQ pass (backward_passes.cuh) take the same
+# struct, so that one launch's three kernels share one parameter buffer.
+SM90_BWD = Struct("Sm90BwdParams", "Hopper backward kernels (fa2_backward_sm90.cu).", [
+    Field("tm_q", "tmap", "Q's tensor map, boxes of 64 columns x B_r rows"),
+    Field("tm_k", "tmap", "K's tensor map, boxes of 64 columns x B_c rows"),
+    Field("tm_v", "tmap", "V's tensor map, as K's"),
+    Field("tm_do", "tmap", "dO's tensor map, as Q's"),
+    *BWD.fields,
+    Field("lse_log2", "ptr", "L log2(e) (batch, heads, seqlen_q rounded up to B_r), float32, "
+          "+inf past the end of Q (preprocess with PAD; dsum is padded alike)", "float*"),
+])
+
 # ---- KV-cache decoding: fa2_decode, fa2_decode_combine, fa2_decode_append ---------------------
 DECODE = Struct("DecodeParams", "KV-cache decoding kernels (fa2_decode.cu).", [
     Field("q", "ptr", "Q (batch, seqlen_q, heads, d)", "const elem_t*"),
@@ -249,7 +263,7 @@ DECODE = Struct("DecodeParams", "KV-cache decoding kernels (fa2_decode.cu).", [
     *_HOOK,
 ])
 
-STRUCTS = (FWD, BWD, SM90_FWD, DECODE)
+STRUCTS = (FWD, BWD, SM90_FWD, SM90_BWD, DECODE)
 HEADER = "params.cuh"
 
 

@@ -343,6 +343,38 @@ class Sm90ForwardConfig:
 
 
 @dataclass(frozen=True)
+class Sm90BackwardConfig:
+    """Tile shape of the Hopper backward (BackwardTileSm90, kernels/fa2_backward_sm90.cu): two
+    consumer warpgroups of 64 keys (B_c = 128), B_r = 64 query rows per step, `stages` slots
+    for Q_i and dO_i; 384 threads with the producer's. dQ by bulk reductions, in the fragment
+    order that fa2_backward_dq_bulk reads (dq_bulk, as BackwardConfig's)."""
+
+    HD: int
+    stages: int = 2
+
+    B_r = 64
+    B_c = 128
+    dq_bulk = 1
+    threads = 384
+
+    @property
+    def tile_type(self) -> str:
+        return f"cuflash::BackwardTileSm90<{self.HD}, {self.stages}>"
+
+    @functools.cached_property  # (read at every launch)
+    def smem_bytes(self) -> int:
+        # 1024 (alignment) + K_j, V_j + stages x (Q_i, dO_i) + two buffers of both consumers'
+        # dS^T + one float32 dQ group tile per consumer + stages x (L_i, D_i) + mbarriers
+        # (BackwardTileSm90::SMEM_BYTES)
+        return (1024 + 2 * 2 * self.B_c * self.HD + 2 * self.stages * 2 * self.B_r * self.HD
+                + 2 * 2 * 64 * self.B_r * 2 + 2 * self.B_r * 64 * 4
+                + 2 * self.stages * self.B_r * 4 + 8 * (1 + 2 * self.stages))
+
+    def tile_asserts(self) -> list[str]:
+        return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}"]
+
+
+@dataclass(frozen=True)
 class DecodeConfig:
     """Tile shape of the KV-cache decode (kernels/fa2_decode.cu, DecodeTile): 16 packed query
     rows, B_c keys per column block, `nwarps` warps taking the split's column blocks in turn,
@@ -613,6 +645,12 @@ def _table() -> dict:
     # the hand-over's barrier after the tile loop it spilled 40-56 bytes (non-causal, and
     # causal with a window and the hook), where main's kernel had none.
     put("sm90a", "fwd_packed", 256, None, [_h(256, 64, 2, handover=False)])
+
+    # the Hopper backward (class sm90a, kernels/fa2_backward_sm90.cu): d <= 128, dense, without
+    # windows, the score hook or the deterministic mode (the rest: the "sm90" rows above).
+    # First version, two Q_i / dO_i slots; not yet measured.
+    for HD in (64, 128):
+        put("sm90a", "bwd", HD, None, [Sm90BackwardConfig(HD, 2)])
     return t
 
 
@@ -678,6 +716,28 @@ def sm90_forward_kernel_name(dtype_name: str, cfg: Sm90ForwardConfig, causal: bo
 
 
 SM90_FORWARD_FILE = "fa2_forward_sm90.cu"
+SM90_BACKWARD_FILE = "fa2_backward_sm90.cu"
+# The head-dim buckets of the Hopper backward (larger head dims run the portable one).
+SM90_BACKWARD_BUCKETS = (64, 128)
+
+
+def sm90_backward_config(d: int) -> Sm90BackwardConfig | None:
+    """The Hopper backward's tile for head dim d (TILES, class "sm90a"), or None where d
+    takes the portable backward."""
+    HD = sm90_head_dim_bucket(d)
+    return TILES[("sm90a", "bwd", HD, False)][0] if HD in SM90_BACKWARD_BUCKETS else None
+
+
+def sm90_backward_names(dtype_name: str, cfg: Sm90BackwardConfig, causal: bool) -> dict:
+    """The Hopper backward's three kernels by role: the preprocess and the dQ pass of
+    backward_passes.cuh on its parameter struct, and the main kernel."""
+    T, P = ELEMENT_TAGS[dtype_name], "cuflash::Sm90BwdParams"
+    mask = mask_type(causal)
+    return {"pre": f"cuflash::fa2_backward_preprocess<{T}, cuflash::DenseSeq, {P}, "
+                   f"{cfg.B_r}>",
+            "main": f"cuflash::fa2_backward_sm90<{T}, {cfg.tile_type}, {mask}>",
+            "dq": f"cuflash::fa2_backward_dq_bulk<{T}, {cfg.tile_type}, {mask}, "
+                  f"cuflash::DenseSeq, {P}>"}
 # NVRTC / nvcc target of the Hopper kernels: wgmma and setmaxnreg need the "a" variant.
 SM90A_NVRTC_OPTIONS = ("-arch=sm_90a",)
 SM90A_NVCC_ARCH = "-gencode=arch=compute_90a,code=sm_90a"
@@ -774,7 +834,13 @@ def config_from_shape(which: str, d: int, shape: str, bulk: bool = False):
     "hBcxStages[o|p][l][eN][cK][t]" (o: the intra-warpgroup overlap, p: ping-pong; l: lazy
     rescaling; eN: every N-th n8 tile's exponentials on the FMA pipe; cK: K consumer
     warpgroups, B_r = 64 K, default 2; t: ping-pong's turns start afresh per tile, without
-    the hand-over across tiles)."""
+    the hand-over across tiles); the Hopper backward "hS" (S slots for Q_i and dO_i)."""
+    if which == "bwd" and shape.startswith("h"):  # the Hopper backward: "hS", S stages
+        m = re.fullmatch(r"h(\d)", shape)
+        if not m or sm90_head_dim_bucket(d) not in SM90_BACKWARD_BUCKETS:
+            raise ValueError(f"Hopper backward tile {shape!r}: hS (S Q_i / dO_i slots), for "
+                             f"head dims up to {SM90_BACKWARD_BUCKETS[-1]}")
+        return Sm90BackwardConfig(sm90_head_dim_bucket(d), int(m[1]))
     if which == "fwd" and shape.startswith("h"):
         m = re.fullmatch(r"h(\d+)x(\d+)([op]?)(l?)(?:e(\d))?(?:c([23]))?(t?)", shape)
         if not m:

@@ -190,6 +190,36 @@ FA2_BACKWARD = Variant("fa2_backward", _plan.BACKWARD_FILE, _params.BWD, ("80", 
                        _fa2_backward_plans, packed=True, odd_d=True)
 
 
+# ---- FA2 backward on Hopper (sm_90a: TMA, wgmma, warp specialisation) -------------------------
+
+def sm90_backward_plan(dtype_name: str, d: int, causal: bool, config=None) -> Plan | None:
+    """The Hopper backward's three kernels for head dim d (config: an explicit
+    Sm90BackwardConfig, the bench's), or None where d takes the portable backward."""
+    cfg = config or _plan.sm90_backward_config(d)
+    if cfg is None:
+        return None
+    return Plan(cfg, _plan.sm90_backward_names(dtype_name, cfg, causal),
+                {"pre": 0, "main": cfg.smem_bytes, "dq": 0})
+
+
+def sm90_backward_grid(cfg, seqlen_k: int, nheads_k: int, batch: int) -> tuple:
+    """(column blocks, kv heads, batch): one thread block per column block of B_c keys; it
+    walks every query head of its kv head's group."""
+    return ((seqlen_k + cfg.B_c - 1) // cfg.B_c, nheads_k, batch)
+
+
+def _sm90_backward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False,
+                         packed=False) -> list:
+    if local or hooked or packed or HD not in _plan.SM90_BACKWARD_BUCKETS:
+        return []
+    return [sm90_backward_plan(dt, HD, causal)]
+
+
+FA2_BACKWARD_SM90 = Variant(
+    "fa2_backward_sm90", _plan.SM90_BACKWARD_FILE, _params.SM90_BWD, ("90a",),
+    _sm90_backward_plans, _plan.SM90A_NVRTC_OPTIONS, features=False)
+
+
 def backward_preprocess_grid(seqlen_q: int, lanes: int, nheads: int, batch: int) -> tuple:
     """D = rowsum(dO o O): `lanes` lanes per query row, 128 threads per block."""
     return ((seqlen_q + 128 // lanes - 1) // (128 // lanes), nheads, batch)
@@ -315,7 +345,8 @@ FA2_DECODE = Variant("fa2_decode", _plan.DECODE_FILE, _params.DECODE, ("80", "90
 
 # ---- the registry ------------------------------------------------------------------------------
 
-VARIANTS = (FA2_FORWARD, FA2_BACKWARD, FA1_FORWARD, FA2_FORWARD_SM90, FA2_DECODE)
+VARIANTS = (FA2_FORWARD, FA2_BACKWARD, FA1_FORWARD, FA2_FORWARD_SM90, FA2_BACKWARD_SM90,
+            FA2_DECODE)
 
 
 def specialisations(arch: str, variants=VARIANTS) -> list[tuple[str, str, object]]:

@@ -10,6 +10,9 @@ params.cuh; a CPU test checks that the committed header is what this file genera
 * ``Wgmma<T, N>::rs(d, a, desc_b, accumulate)``: D (+)= A B with A in registers (four 16-bit
   pairs per thread, the mma.sync A-fragment layout) and B in shared memory, N-major
   (transposed): O~ += P~ V.
+* ``Wgmma<T, N>::ss_mn(d, desc_a, desc_b, accumulate)``: D (+)= A B, both in shared memory and
+  both transposed, A M-major and B N-major: the Hopper backward's dQ += dS K, whose dS is
+  stored as dS^T (keys x queries) and K as TMA writes it (keys x head dim).
 
 The accumulator ``d`` is an array ``float[N / 8][4]``: n8 tile i holds, per thread, columns
 8 i + 2 (lane % 4) + {0, 1} of rows 16 (warp % 4) + lane / 4 (+ 8 for [2], [3]), the layout of
@@ -55,6 +58,16 @@ struct Wgmma<{tag}, {n}> {{
             : {_acc_operands(n)}
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
     }}
+    static __device__ __forceinline__ void ss_mn(float (&d)[{n // 8}][4],
+                                                 unsigned long long desc_a,
+                                                 unsigned long long desc_b, int accumulate) {{
+        asm volatile(
+            "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
+            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "
+            "{_regs(0, k)}, %{k}, %{k + 1}, p, 1, 1, 1, 1;\\n}}"
+            : {_acc_operands(n)}
+            : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    }}
 }};"""
 
 
@@ -64,7 +77,8 @@ def header_text() -> str:
              "// Generated from cuflash/_wgmma.py by `python -m cuflash.compile_check",
              "// --write-params`: edit that file, not this one. Wgmma<T, N>::ss computes",
              "// D (+)= A B with A (64 x 16) and B (16 x N) in shared memory, both K-major;",
-             "// Wgmma<T, N>::rs computes D (+)= A B with A in registers, B N-major (transposed).",
+             "// Wgmma<T, N>::rs computes D (+)= A B with A in registers, B N-major (transposed);",
+             "// Wgmma<T, N>::ss_mn, A and B in shared memory, A M-major and B N-major.",
              "// D: float[N / 8][4], the mma.sync m16n8 accumulator layout per warp.",
              "#pragma once",
              "",

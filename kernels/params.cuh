@@ -299,6 +299,137 @@ static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 628, "Sm90FwdParams
 static_assert(__builtin_offsetof(Sm90FwdParams, tile_counter) == 632, "Sm90FwdParams.tile_counter");
 #endif
 
+// Hopper backward kernels (fa2_backward_sm90.cu).
+struct Sm90BwdParams {
+    TensorMap tm_q;                 // Q's tensor map, boxes of 64 columns x B_r rows
+    TensorMap tm_k;                 // K's tensor map, boxes of 64 columns x B_c rows
+    TensorMap tm_v;                 // V's tensor map, as K's
+    TensorMap tm_do;                // dO's tensor map, as Q's
+    const elem_t* q;                // Q (batch, seqlen_q, heads, d)
+    const elem_t* k;                // K (batch, seqlen_k, heads_k, d)
+    const elem_t* v;                // V, as K
+    const elem_t* o;                // O, the forward's output (preprocess)
+    const elem_t* dout;             // dO, Q's shape
+    const float* lse;               // L (batch, heads, seqlen_q), float32
+    float* dsum;                    // D = rowsum(dO o O) (batch, heads, seqlen_q), float32
+    float* dq_accum;                // float32 dQ sums (layout: fa2_backward.cu)
+    int* dq_order;                  // ordered mode: turn counters (batch, heads, T_r)
+    elem_t* dq;                     // dQ, Q's shape (its own strides)
+    void* dk;                       // dK: input dtype, or float32 slices (head_parts > 1)
+    void* dv;                       // dV, as dK
+    long long q_stride_b;           // Q: batch stride in elements
+    long long q_stride_s;           // Q: sequence stride in elements
+    long long q_stride_h;           // Q: head stride in elements
+    long long k_stride_b;           // K: batch stride in elements
+    long long k_stride_s;           // K: sequence stride in elements
+    long long k_stride_h;           // K: head stride in elements
+    long long v_stride_b;           // V: batch stride in elements
+    long long v_stride_s;           // V: sequence stride in elements
+    long long v_stride_h;           // V: head stride in elements
+    long long o_stride_b;           // O: batch stride in elements
+    long long o_stride_s;           // O: sequence stride in elements
+    long long o_stride_h;           // O: head stride in elements
+    long long do_stride_b;          // dO: batch stride in elements
+    long long do_stride_s;          // dO: sequence stride in elements
+    long long do_stride_h;          // dO: head stride in elements
+    long long dq_stride_b;          // dQ: batch stride in elements
+    long long dq_stride_s;          // dQ: sequence stride in elements
+    long long dq_stride_h;          // dQ: head stride in elements
+    long long dk_stride_b;          // dK and dV: batch stride in elements
+    long long dk_stride_s;          // dK and dV: sequence stride in elements
+    long long dk_stride_h;          // dK and dV: head stride in elements
+    int deterministic;              // 1: fixed-order dQ sums
+    int nheads;                     // query heads
+    int head_parts;                 // parts each kv head's group is split into (main kernel)
+    int seqlen_q;                   // query rows per batch entry
+    int seqlen_k;                   // key rows per batch entry
+    int d;                          // head dim (a multiple of 8, at most the kernel's bucket)
+    int group;                      // query heads per kv head (head h reads kv head h / group)
+    int splits;                     // dQ slices (deterministic mode with dQ atomics), else 1
+    int dq_accum_cols;              // row pitch of dq_accum (the head-dim bucket)
+    int lanes;                      // preprocess: lanes per query row (a power of two >= d / 8)
+    float softmax_scale;            // scale of S = Q K^T
+    float scale_log2;               // softmax_scale * log2(e): exp(scale x) = exp2(scale_log2 x)
+    int window_left;                // LOCAL masks: keys before the diagonal
+    int window_right;               // LOCAL masks: keys after the diagonal (CAUSAL: its upper limit)
+    const float* alibi_slopes;      // ALiBi slopes per (batch, head), float32
+    float softcap_in;               // softmax_scale / softcap (0: no softcap)
+    float softcap_out;              // softcap / softmax_scale
+    int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
+    float alibi_shift;              // ALiBi, dense: row i's diagonal is key i + seqlen_k - seqlen_q + alibi_shift (ring attention's blocks)
+    const int* cu_seqlens_q;        // packed: cumulative query lengths (batch + 1), int32
+    const int* cu_seqlens_k;        // packed: cumulative key lengths (batch + 1), int32
+    int total_q;                    // packed: rows of the packed query tensor
+    const int* row_block_offsets;   // packed, bulk dQ: each entry's first row block in dQ_accum (batch + 1), int32
+    int ws_blocks;                  // packed, bulk dQ: row blocks per head in dQ_accum
+    float* lse_log2;                // L log2(e) (batch, heads, seqlen_q rounded up to B_r), float32, +inf past the end of Q (preprocess with PAD; dsum is padded alike)
+};
+static_assert(sizeof(Sm90BwdParams) == 960, "Sm90BwdParams: size differs from cuflash/_params.py");
+#ifndef __CUDACC_RTC__
+static_assert(__builtin_offsetof(Sm90BwdParams, tm_q) == 0, "Sm90BwdParams.tm_q");
+static_assert(__builtin_offsetof(Sm90BwdParams, tm_k) == 128, "Sm90BwdParams.tm_k");
+static_assert(__builtin_offsetof(Sm90BwdParams, tm_v) == 256, "Sm90BwdParams.tm_v");
+static_assert(__builtin_offsetof(Sm90BwdParams, tm_do) == 384, "Sm90BwdParams.tm_do");
+static_assert(__builtin_offsetof(Sm90BwdParams, q) == 512, "Sm90BwdParams.q");
+static_assert(__builtin_offsetof(Sm90BwdParams, k) == 520, "Sm90BwdParams.k");
+static_assert(__builtin_offsetof(Sm90BwdParams, v) == 528, "Sm90BwdParams.v");
+static_assert(__builtin_offsetof(Sm90BwdParams, o) == 536, "Sm90BwdParams.o");
+static_assert(__builtin_offsetof(Sm90BwdParams, dout) == 544, "Sm90BwdParams.dout");
+static_assert(__builtin_offsetof(Sm90BwdParams, lse) == 552, "Sm90BwdParams.lse");
+static_assert(__builtin_offsetof(Sm90BwdParams, dsum) == 560, "Sm90BwdParams.dsum");
+static_assert(__builtin_offsetof(Sm90BwdParams, dq_accum) == 568, "Sm90BwdParams.dq_accum");
+static_assert(__builtin_offsetof(Sm90BwdParams, dq_order) == 576, "Sm90BwdParams.dq_order");
+static_assert(__builtin_offsetof(Sm90BwdParams, dq) == 584, "Sm90BwdParams.dq");
+static_assert(__builtin_offsetof(Sm90BwdParams, dk) == 592, "Sm90BwdParams.dk");
+static_assert(__builtin_offsetof(Sm90BwdParams, dv) == 600, "Sm90BwdParams.dv");
+static_assert(__builtin_offsetof(Sm90BwdParams, q_stride_b) == 608, "Sm90BwdParams.q_stride_b");
+static_assert(__builtin_offsetof(Sm90BwdParams, q_stride_s) == 616, "Sm90BwdParams.q_stride_s");
+static_assert(__builtin_offsetof(Sm90BwdParams, q_stride_h) == 624, "Sm90BwdParams.q_stride_h");
+static_assert(__builtin_offsetof(Sm90BwdParams, k_stride_b) == 632, "Sm90BwdParams.k_stride_b");
+static_assert(__builtin_offsetof(Sm90BwdParams, k_stride_s) == 640, "Sm90BwdParams.k_stride_s");
+static_assert(__builtin_offsetof(Sm90BwdParams, k_stride_h) == 648, "Sm90BwdParams.k_stride_h");
+static_assert(__builtin_offsetof(Sm90BwdParams, v_stride_b) == 656, "Sm90BwdParams.v_stride_b");
+static_assert(__builtin_offsetof(Sm90BwdParams, v_stride_s) == 664, "Sm90BwdParams.v_stride_s");
+static_assert(__builtin_offsetof(Sm90BwdParams, v_stride_h) == 672, "Sm90BwdParams.v_stride_h");
+static_assert(__builtin_offsetof(Sm90BwdParams, o_stride_b) == 680, "Sm90BwdParams.o_stride_b");
+static_assert(__builtin_offsetof(Sm90BwdParams, o_stride_s) == 688, "Sm90BwdParams.o_stride_s");
+static_assert(__builtin_offsetof(Sm90BwdParams, o_stride_h) == 696, "Sm90BwdParams.o_stride_h");
+static_assert(__builtin_offsetof(Sm90BwdParams, do_stride_b) == 704, "Sm90BwdParams.do_stride_b");
+static_assert(__builtin_offsetof(Sm90BwdParams, do_stride_s) == 712, "Sm90BwdParams.do_stride_s");
+static_assert(__builtin_offsetof(Sm90BwdParams, do_stride_h) == 720, "Sm90BwdParams.do_stride_h");
+static_assert(__builtin_offsetof(Sm90BwdParams, dq_stride_b) == 728, "Sm90BwdParams.dq_stride_b");
+static_assert(__builtin_offsetof(Sm90BwdParams, dq_stride_s) == 736, "Sm90BwdParams.dq_stride_s");
+static_assert(__builtin_offsetof(Sm90BwdParams, dq_stride_h) == 744, "Sm90BwdParams.dq_stride_h");
+static_assert(__builtin_offsetof(Sm90BwdParams, dk_stride_b) == 752, "Sm90BwdParams.dk_stride_b");
+static_assert(__builtin_offsetof(Sm90BwdParams, dk_stride_s) == 760, "Sm90BwdParams.dk_stride_s");
+static_assert(__builtin_offsetof(Sm90BwdParams, dk_stride_h) == 768, "Sm90BwdParams.dk_stride_h");
+static_assert(__builtin_offsetof(Sm90BwdParams, deterministic) == 776, "Sm90BwdParams.deterministic");
+static_assert(__builtin_offsetof(Sm90BwdParams, nheads) == 780, "Sm90BwdParams.nheads");
+static_assert(__builtin_offsetof(Sm90BwdParams, head_parts) == 784, "Sm90BwdParams.head_parts");
+static_assert(__builtin_offsetof(Sm90BwdParams, seqlen_q) == 788, "Sm90BwdParams.seqlen_q");
+static_assert(__builtin_offsetof(Sm90BwdParams, seqlen_k) == 792, "Sm90BwdParams.seqlen_k");
+static_assert(__builtin_offsetof(Sm90BwdParams, d) == 796, "Sm90BwdParams.d");
+static_assert(__builtin_offsetof(Sm90BwdParams, group) == 800, "Sm90BwdParams.group");
+static_assert(__builtin_offsetof(Sm90BwdParams, splits) == 804, "Sm90BwdParams.splits");
+static_assert(__builtin_offsetof(Sm90BwdParams, dq_accum_cols) == 808, "Sm90BwdParams.dq_accum_cols");
+static_assert(__builtin_offsetof(Sm90BwdParams, lanes) == 812, "Sm90BwdParams.lanes");
+static_assert(__builtin_offsetof(Sm90BwdParams, softmax_scale) == 816, "Sm90BwdParams.softmax_scale");
+static_assert(__builtin_offsetof(Sm90BwdParams, scale_log2) == 820, "Sm90BwdParams.scale_log2");
+static_assert(__builtin_offsetof(Sm90BwdParams, window_left) == 824, "Sm90BwdParams.window_left");
+static_assert(__builtin_offsetof(Sm90BwdParams, window_right) == 828, "Sm90BwdParams.window_right");
+static_assert(__builtin_offsetof(Sm90BwdParams, alibi_slopes) == 832, "Sm90BwdParams.alibi_slopes");
+static_assert(__builtin_offsetof(Sm90BwdParams, softcap_in) == 840, "Sm90BwdParams.softcap_in");
+static_assert(__builtin_offsetof(Sm90BwdParams, softcap_out) == 844, "Sm90BwdParams.softcap_out");
+static_assert(__builtin_offsetof(Sm90BwdParams, alibi_stride_b) == 848, "Sm90BwdParams.alibi_stride_b");
+static_assert(__builtin_offsetof(Sm90BwdParams, alibi_shift) == 852, "Sm90BwdParams.alibi_shift");
+static_assert(__builtin_offsetof(Sm90BwdParams, cu_seqlens_q) == 856, "Sm90BwdParams.cu_seqlens_q");
+static_assert(__builtin_offsetof(Sm90BwdParams, cu_seqlens_k) == 864, "Sm90BwdParams.cu_seqlens_k");
+static_assert(__builtin_offsetof(Sm90BwdParams, total_q) == 872, "Sm90BwdParams.total_q");
+static_assert(__builtin_offsetof(Sm90BwdParams, row_block_offsets) == 880, "Sm90BwdParams.row_block_offsets");
+static_assert(__builtin_offsetof(Sm90BwdParams, ws_blocks) == 888, "Sm90BwdParams.ws_blocks");
+static_assert(__builtin_offsetof(Sm90BwdParams, lse_log2) == 896, "Sm90BwdParams.lse_log2");
+#endif
+
 // KV-cache decoding kernels (fa2_decode.cu).
 struct DecodeParams {
     const elem_t* q;                // Q (batch, seqlen_q, heads, d)

@@ -2,7 +2,9 @@
 same-dtype naive attention's own gradients), over every head dim, both dtypes, causal on and
 off, odd sequence lengths both ways, MHA/GQA/MQA and strided inputs; plus large inputs, fully
 masked rows, the deterministic mode (bitwise over 20 runs), the VJP helper and a long
-sequence whose memory stays linear."""
+sequence whose memory stays linear. The tests that take `family` (conftest.py) run on both
+backward families on an sm_90 GPU: the Hopper one (fa2_backward_sm90.cu, where it covers the
+call) and the portable one."""
 
 
 import ml_dtypes
@@ -70,30 +72,58 @@ def _cases():
 
 
 @pytest.mark.parametrize("d,dt,causal,batch,sq,sk,h,hk,strided", _cases(), ids=str)
-def test_backward_accuracy_grid(d, dt, causal, batch, sq, sk, h, hk, strided):
+def test_backward_accuracy_grid(d, dt, causal, batch, sq, sk, h, hk, strided, family):
     check_gradients(*make_inputs(batch, sq, sk, h, hk, d, DTYPES[dt], strided), causal)
 
 
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_backward_issue_size(dt, causal, d):
+def test_backward_issue_size(dt, causal, d, family):
     check_gradients(*make_inputs(2, 1024, 1024, 8, 8, d, DTYPES[dt]), causal)
 
 
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_backward_large_magnitude_inputs_stay_finite(dt, d):
+def test_backward_large_magnitude_inputs_stay_finite(dt, d, family):
     q, k, v, dout = make_inputs(2, 300, 300, 4, 2, d, DTYPES[dt], scale_q=5.0, scale_kv=3.0)
     for causal in (False, True):
         check_gradients(q, k, v, dout, causal)
 
 
 @pytest.mark.parametrize("dt", DTYPES)
-def test_backward_fully_masked_rows(dt):
+def test_backward_fully_masked_rows(dt, family):
     q, k, v, dout = make_inputs(2, 300, 100, 4, 4, 64, DTYPES[dt])
     dq, dk, dv = check_gradients(q, k, v, dout, True)
     assert bool((dq[:, :200] == 0).all())
+
+
+def test_hopper_backward_is_the_default_on_sm90(monkeypatch):
+    """On an sm_90 GPU backward() runs the Hopper family for a call it covers (dense, d <= 128,
+    no window, hook or deterministic mode), and the portable one under portable_kernels()
+    and for d 256; accurate both ways."""
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("not an sm_90 GPU: the Hopper backward does not run here")
+    taken = []
+    real = _api._backward_sm90
+    monkeypatch.setattr(_api, "_backward_sm90", lambda *a, **kw: taken.append(real(*a, **kw))
+                        or taken[-1])
+    for d, expected in ((64, [True]), (128, [True]), (256, [False])):
+        taken.clear()
+        check_gradients(*make_inputs(2, 300, 333, 4, 2, d, DTYPES["bf16"]), True)
+        assert taken == expected, (d, taken)
+    taken.clear()
+    with cuflash.portable_kernels():
+        check_gradients(*make_inputs(2, 300, 333, 4, 2, 64, DTYPES["bf16"]), True)
+    assert taken == []
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_hopper_backward_many_blocks_and_heads(causal, d):
+    """More column blocks than SMs, a GQA group of 4 walked by each block, both dtypes."""
+    for dt in DTYPES:
+        check_gradients(*make_inputs(3, 2000, 2100, 8, 2, d, DTYPES[dt]), causal)
 
 
 @pytest.mark.parametrize("d", [96, 128, 192, 224])
@@ -304,14 +334,14 @@ def test_backward_varlen_workspace_is_compact():
     assert pool.total_bytes() - before < padded / 4
 
 
-def test_empty_and_keyless_backward():
+def test_empty_and_keyless_backward(family):
     q, k, v, dout = make_inputs(1, 5, 0, 2, 2, 64, np.float16)
     out, lse = cuflash.forward(q, k, v)
     dq, dk, dv = cuflash.backward(dout, q, k, v, out, lse)
     assert bool((dq == 0).all()) and dk.shape == k.shape and dv.shape == v.shape
 
 
-def test_vjp_helper_matches_backward():
+def test_vjp_helper_matches_backward(family):
     q, k, v, dout = make_inputs(2, 200, 300, 4, 2, 64, np.float16)
     out, vjp = cuflash.attention_with_vjp(q, k, v, causal=True)
     out2, lse = cuflash.forward(q, k, v, causal=True)

@@ -208,11 +208,18 @@ def _cuobjdump():
     return found
 
 
-def _hopper_source(tmp_path):
-    names = [n for f, n in _plan.all_specialisations("90a") if "bf16" in n and "<false>" in n]
+# The Hopper families' main kernels, and the wgmma instructions each issues at least (the
+# forward: S and P~V; the backward: S^T, dP^T, dV, dK, dQ).
+HOPPER_KERNELS = [(_plan.SM90_FORWARD_FILE, "fa2_forward_sm90<", 2),
+                  (_plan.SM90_BACKWARD_FILE, "fa2_backward_sm90<", 5)]
+
+
+def _hopper_source(tmp_path, filename, kernel):
+    names = [n for f, n in _plan.all_specialisations("90a")
+             if f == filename and kernel in n and "bf16" in n and "<false>" in n]
     assert names
     src = tmp_path / "k.cu"
-    src.write_text(compile_check.instantiation_source(_plan.SM90_FORWARD_FILE, names))
+    src.write_text(compile_check.instantiation_source(filename, names))
     return src, names
 
 
@@ -223,28 +230,30 @@ def _nvcc(*args):
 
 
 @needs_nvcc
-def test_hopper_kernels_use_wgmma_and_tma(tmp_path):
-    """The Hopper forward's PTX (one specialisation per head-dim bucket) has its matmuls on
-    wgmma.mma_async, its loads on cp.async.bulk.tensor, and no mma.sync."""
+@pytest.mark.parametrize("filename,kernel,products", HOPPER_KERNELS, ids=["forward", "backward"])
+def test_hopper_kernels_use_wgmma_and_tma(tmp_path, filename, kernel, products):
+    """The Hopper kernels' PTX (the bf16 non-causal specialisations) has their matmuls on
+    wgmma.mma_async, their loads on cp.async.bulk.tensor, and no mma.sync."""
     import re
-    src, names = _hopper_source(tmp_path)
+    src, names = _hopper_source(tmp_path, filename, kernel)
     _nvcc("-ptx", "-o", str(tmp_path / "k.ptx"), str(src))
     text = (tmp_path / "k.ptx").read_text()
     assert len(re.findall(r"\.visible \.entry \w+\(", text)) == len(names)  # (definitions)
-    assert text.count("wgmma.mma_async") >= 2 * len(names)
+    assert text.count("wgmma.mma_async") >= products * len(names)
     assert "cp.async.bulk.tensor.4d" in text and "mma.sync" not in text
 
 
 @needs_nvcc
-def test_hopper_sass_is_hgmma(tmp_path):
+@pytest.mark.parametrize("filename,kernel,products", HOPPER_KERNELS, ids=["forward", "backward"])
+def test_hopper_sass_is_hgmma(tmp_path, filename, kernel, products):
     """Where a cuobjdump is found (PATH, beside nvcc, or $CUOBJDUMP): the SASS of the Hopper
-    forward has HGMMA and no HMMA (mma.sync) at all."""
+    kernels has HGMMA and no HMMA (mma.sync) at all."""
     import subprocess
     cuobjdump = _cuobjdump()
     if cuobjdump is None:
         pytest.skip("no cuobjdump here (PATH, beside nvcc, $CUOBJDUMP): SASS not read")
-    src, names = _hopper_source(tmp_path)
+    src, names = _hopper_source(tmp_path, filename, kernel)
     _nvcc("-cubin", "-o", str(tmp_path / "k.cubin"), str(src))
     sass = subprocess.run([cuobjdump, "-sass", str(tmp_path / "k.cubin")], check=True,
                           capture_output=True, text=True).stdout
-    assert sass.count("HGMMA") >= 2 * len(names) and " HMMA" not in sass
+    assert sass.count("HGMMA") >= products * len(names) and " HMMA" not in sass

@@ -161,6 +161,7 @@ def fake(monkeypatch):
                   "_repeats"):
         monkeypatch.setattr(_api, cache, {})
     monkeypatch.setattr(_tma, "_cache", {})
+    monkeypatch.setattr(_tma, "_encode", _encode_words)  # (the Hopper kernels' tensor maps)
     monkeypatch.setattr(_api, "_properties", {})
     monkeypatch.setattr(_api, "_capable_devices", set())
     return launches
@@ -496,8 +497,9 @@ def test_backward_packs_one_struct_for_its_three_kernels(fake, causal, determini
     q, k, v = _qkv(batch, n, n, 8, 2, 128)
     dout, out = FakeArray(np.ones(q.shape, np.float16)), FakeArray(np.ones(q.shape, np.float16))
     lse = FakeArray(np.zeros((batch, 8, n), np.float32))
-    dq, dk, dv = _api.backward(dout, q, k, v, out, lse, causal=causal,
-                               deterministic=deterministic)
+    with _api.portable_kernels():  # (the stand-in GPU is an sm_90 one)
+        dq, dk, dv = _api.backward(dout, q, k, v, out, lse, causal=causal,
+                                   deterministic=deterministic)
     pre, main, fin = fake
     cfg = _plan.backward_config(128, 227 * 1024, True)
     ordered = deterministic
@@ -544,8 +546,10 @@ def test_backward_carves_its_scratch_from_a_given_arena(fake, deterministic):
     nbytes = _api._backward_scratch_bytes(q.shape, k.shape, True, (-1, -1), 0.0, None,
                                           deterministic)
     arena = FakeArray(np.zeros(nbytes, np.uint8))
-    _api._backward(dout, q, k, v, out, lse, True, None, deterministic, None, None, None, None,
-                   scratch=arena)
+    with _api.portable_kernels():  # (the stand-in GPU is an sm_90 one; the Hopper family's
+        # scratch: test_sm90_backward_packs_one_struct_for_its_three_kernels)
+        _api._backward(dout, q, k, v, out, lse, True, None, deterministic, None, None, None,
+                       None, scratch=arena)
     pre, main, fin = fake
     p = main[4]
     inside = range(arena.data.ptr, arena.data.ptr + nbytes)
@@ -553,15 +557,67 @@ def test_backward_carves_its_scratch_from_a_given_arena(fake, deterministic):
     assert p["dsum"] in inside and p["dq_accum"] in inside
     assert (p["dq_order"] in inside) == deterministic
     del fake[:]
-    with pytest.raises(ValueError, match="scratch needs"):
+    with pytest.raises(ValueError, match="scratch needs"), _api.portable_kernels():
         _api._backward(dout, q, k, v, out, lse, True, None, deterministic, None, None, None,
                        None, scratch=FakeArray(np.zeros(nbytes - 1, np.uint8)))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_sm90_backward_packs_one_struct_for_its_three_kernels(fake, causal, d):
+    """On an sm_90 GPU a dense call with d <= 128 runs the Hopper backward: the padded
+    preprocess, the main kernel over (column blocks, kv heads, batch) with four tensor maps
+    (q, k, v, dout at their own addresses and strides), the dQ pass; one struct, its scratch
+    (padded D and L log2 e, the dQ sums) carved from a given arena of the size
+    _backward_scratch_bytes predicts."""
+    q, k, v = _qkv(2, 333, 517, 8, 2, d)
+    dout, out = FakeArray(np.ones(q.shape, np.float16)), FakeArray(np.ones(q.shape, np.float16))
+    lse = FakeArray(np.zeros((2, 8, 333), np.float32))
+    nbytes = _api._backward_scratch_bytes(q.shape, k.shape, causal, (-1, -1), 0.0, None, False)
+    arena = FakeArray(np.zeros(nbytes, np.uint8))
+    dq, dk, dv = _api._backward(dout, q, k, v, out, lse, causal, None, False, None, None, None,
+                                None, scratch=arena)
+    pre, main, fin = fake
+    cfg = _plan.sm90_backward_config(d)
+    names = _plan.sm90_backward_names("float16", cfg, causal)
+    assert (pre[0], main[0], fin[0]) == (names["pre"], names["main"], names["dq"])
+    assert main[1] == (-(-517 // cfg.B_c), 2, 2) and main[2] == 384
+    assert main[3] == cfg.smem_bytes
+    rows = -(-333 // 64) * 64
+    assert pre[1][0] * (128 // pre[4]["lanes"]) >= rows  # (the padded rows)
+    assert fin[1] == _registry.backward_dq_grid(cfg, 333, d, 8, 2)
+    assert pre[4] == main[4] == fin[4]  # one packing
+    p = main[4]
+    assert (p["q"], p["dout"], p["o"], p["lse"], p["dq"], p["dk"], p["dv"]) == \
+        (q.data.ptr, dout.data.ptr, out.data.ptr, lse.data.ptr, dq.data.ptr, dk.data.ptr,
+         dv.data.ptr)
+    inside = range(arena.data.ptr, arena.data.ptr + nbytes)
+    assert p["dsum"] in inside and p["lse_log2"] in inside and p["dq_accum"] in inside
+    assert (p["group"], p["head_parts"], p["deterministic"], p["dq_accum_cols"]) == \
+        (4, 1, 0, cfg.HD)
+    for name, x in (("tm_q", q), ("tm_k", k), ("tm_v", v), ("tm_do", dout)):
+        words = struct.unpack_from("<16q", p[name])
+        assert words[2] == x.data.ptr, name  # (_encode_words: the map's address word)
+        assert words[10] == 64 and words[11] == (cfg.B_c if name in ("tm_k", "tm_v")
+                                                 else cfg.B_r), name  # (the box)
+
+
+def test_sm90_backward_leaves_other_calls_to_the_portable_one(fake):
+    """d 256, a window, the deterministic mode: the portable backward, on an sm_90 GPU too."""
+    for d, kwargs in ((256, {}), (64, {"window_size": (16, 0)}), (64, {"deterministic": True})):
+        q, k, v = _qkv(1, 200, 200, 2, 2, d)
+        dout = FakeArray(np.ones(q.shape, np.float16))
+        out = FakeArray(np.ones(q.shape, np.float16))
+        lse = FakeArray(np.zeros((1, 2, 200), np.float32))
+        del fake[:]
+        _api.backward(dout, q, k, v, out, lse, causal=True, **kwargs)
+        assert "fa2_backward<" in fake[1][0], (d, kwargs)
 
 
 def test_registry_lists_every_variant_source():
     assert {v.source for v in _registry.VARIANTS} == \
         {_plan.FORWARD_FILE, _plan.BACKWARD_FILE, _plan.FA1_FILE, _plan.SM90_FORWARD_FILE,
-         _plan.DECODE_FILE}
+         _plan.SM90_BACKWARD_FILE, _plan.DECODE_FILE}
     for v in _registry.VARIANTS:
         assert v.params in _params.STRUCTS
 
@@ -612,12 +668,22 @@ def test_window_picks_the_mask_and_packs_its_sides(fake, monkeypatch, family, wi
     fake.clear()
     dout = FakeArray(np.ones(q.shape, np.float16))
     lse = FakeArray(np.zeros((2, 8, 333), np.float32))
-    _api.backward(dout, q, k, v, dout, lse, causal=causal, window_size=window)
+    with _family(family):
+        _api.backward(dout, q, k, v, dout, lse, causal=causal, window_size=window)
     _, main, fin = fake
-    bcfg = _plan.backward_config(128, 227 * 1024, True)
-    assert main[0] == _plan.backward_kernel_name("float16", bcfg, upper, local=local)
-    assert fin[0] == _plan.backward_dq_name("float16", bcfg, upper, local)
+    if family == "sm90" and not local:  # (the Hopper backward: no window)
+        names = _plan.sm90_backward_names("float16", _plan.sm90_backward_config(128), upper)
+        assert (main[0], fin[0]) == (names["main"], names["dq"])
+    else:
+        bcfg = _plan.backward_config(128, 227 * 1024, True)
+        assert main[0] == _plan.backward_kernel_name("float16", bcfg, upper, local=local)
+        assert fin[0] == _plan.backward_dq_name("float16", bcfg, upper, local)
     assert (main[4]["window_left"], main[4]["window_right"]) == (left, right)
+
+
+def _family(family: str):
+    """The context a test of both kernel families runs its calls in."""
+    return _api.portable_kernels() if family == "portable" else contextlib.nullcontext()
 
 
 @pytest.mark.parametrize("bad", [(1,), (1, 2, 3), (-2, 0), (0, -5), (True, 0), (1.5, 0), "ab",
@@ -663,11 +729,16 @@ def test_score_hook_picks_the_hooked_kernel_and_packs_it(fake, monkeypatch, fami
     fake.clear()
     dout = FakeArray(np.ones(q.shape, np.float16))
     lse = FakeArray(np.zeros((2, 8, 333), np.float32))
-    _api.backward(dout, q, k, v, dout, lse, **kw)
+    with _family(family):
+        _api.backward(dout, q, k, v, dout, lse, **kw)
     _, main, _ = fake
     assert main[0].endswith("cuflash::ScoreHook>") == hooked
-    bcfg = _plan.backward_config(128, 227 * 1024, True, hooked=hooked)
-    assert main[0] == _plan.backward_kernel_name("float16", bcfg, True, hooked=hooked)
+    if family == "sm90" and not hooked:  # (the Hopper backward: no hook)
+        cfg = _plan.sm90_backward_config(128)
+        assert main[0] == _plan.sm90_backward_names("float16", cfg, True)["main"]
+    else:
+        bcfg = _plan.backward_config(128, 227 * 1024, True, hooked=hooked)
+        assert main[0] == _plan.backward_kernel_name("float16", bcfg, True, hooked=hooked)
     assert (main[4]["softcap_in"], main[4]["alibi_stride_b"]) == \
         (p["softcap_in"], p["alibi_stride_b"])
 

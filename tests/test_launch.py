@@ -15,17 +15,29 @@ import pytest
 
 from cuflash import _loader, _params, _plan, _wgmma
 
+# The backward's two passes take their family's struct as a template parameter (BwdParams or
+# Sm90BwdParams, which holds every BwdParams field: the Sm90 struct is checked for that below).
+BACKWARD_PASSES_FILE = "backward_passes.cuh"
+_EITHER_BWD = type("Template", (), {"name": "Params"})
+
 # (file, kernel function, struct)
 KERNELS = [
     (_plan.FORWARD_FILE, "fa2_forward", _params.FWD),
     (_plan.FA1_FILE, "fa1_forward", _params.FWD),
     (_plan.FA1_FILE, "fa1_finalize", _params.FWD),
-    (_plan.BACKWARD_FILE, "fa2_backward_preprocess", _params.BWD),
+    (BACKWARD_PASSES_FILE, "fa2_backward_preprocess", _EITHER_BWD),
     (_plan.BACKWARD_FILE, "fa2_backward", _params.BWD),
-    (_plan.BACKWARD_FILE, "fa2_backward_dq", _params.BWD),
-    (_plan.BACKWARD_FILE, "fa2_backward_dq_bulk", _params.BWD),
+    (BACKWARD_PASSES_FILE, "fa2_backward_dq", _EITHER_BWD),
+    (BACKWARD_PASSES_FILE, "fa2_backward_dq_bulk", _EITHER_BWD),
     (_plan.SM90_FORWARD_FILE, "fa2_forward_sm90", _params.SM90_FWD),
+    (_plan.SM90_BACKWARD_FILE, "fa2_backward_sm90", _params.SM90_BWD),
 ]
+
+
+def test_hopper_backward_struct_holds_every_backward_field():
+    """The passes read BwdParams' fields by name from either struct."""
+    names = {f.name: f.kind for f in _params.SM90_BWD.fields}
+    assert all(names.get(f.name) == f.kind for f in _params.BWD.fields)
 
 
 def test_committed_header_is_the_generated_one():
@@ -53,7 +65,7 @@ def test_every_kernel_takes_its_familys_struct(filename, function, params):
 
 def test_every_global_kernel_is_listed():
     for filename in (_plan.FORWARD_FILE, _plan.FA1_FILE, _plan.BACKWARD_FILE,
-                     _plan.SM90_FORWARD_FILE):
+                     BACKWARD_PASSES_FILE, _plan.SM90_FORWARD_FILE, _plan.SM90_BACKWARD_FILE):
         src = (_loader.KERNEL_DIR / filename).read_text()
         found = set(re.findall(r"__global__ void __launch_bounds__\([^;{]*?\)\s*(\w+)\(", src,
                                re.S))

@@ -1,0 +1,347 @@
+// fa2_backward_sm90.cu: FlashAttention-2 backward on Hopper (sm_90a): TMA loads, wgmma, warp
+// specialisation. The algorithm of fa2_backward.cu (the seed document, section 2.4.1.2):
+//   one thread block per (column block j of K/V, kv head, batch); K_j and V_j stay in shared
+//   memory and dK_j, dV_j in registers while the block walks the row blocks i of Q that see
+//   column block j (and, with GQA, every query head of the kv head's group):
+//       S_ij  = Q_i K_j^T                       recomputed, never stored in HBM
+//       P_ij  = exp(scale * S_ij - L_i)         from the forward's log-sum-exp L
+//       dV_j += P_ij^T dO_i
+//       dP_ij = dO_i V_j^T
+//       dS_ij = P_ij ∘ (dP_ij - D_i)            D = rowsum(dO ∘ O), backward_passes.cuh
+//       dK_j += dS_ij^T Q_i                     (times scale at the end)
+//       dQ_i += dS_ij K_j                       (float32 bulk additions into dQ_accum; times
+//                                                scale in fa2_backward_dq_bulk)
+// The step is under "one step: row block i" below.
+//
+// Transposed products. wgmma's M is 64 rows of a warpgroup, and dK_j, dV_j are what stays in
+// registers, so each consumer warpgroup owns 64 of the B_c keys and computes the step's
+// matrices transposed, keys as rows: S^T = K_j Q_i^T and dP^T = V_j dO_i^T (both operands in
+// shared memory, K-major as TMA stores them), then P^T and dS^T in the accumulators' layout,
+// which is the A-fragment layout of the next two products: dV_j += P^T dO_i and
+// dK_j += dS^T Q_i take P^T and dS^T from registers (dO_i and Q_i N-major, as V in the
+// forward's P~V). L_i and D_i now vary along the columns.
+// dQ_i = dS K_j needs the queries as rows and all B_c keys: each consumer stores its dS^T
+// (64 keys x B_r queries) to shared memory, and wgmma reads dS from there transposed (M-major;
+// Wgmma::ss_mn), with K_j N-major. Its 64-column groups of the head dim go to the consumers in
+// turn ((step + group) % 2), so each does at most one group per step (d 128: one each; d 64:
+// every other step), and the group's float32 tile goes through shared memory to one bulk
+// reduction (cp.reduce.async.bulk .add.f32) into dQ_accum, in fragment order
+// (fa2_backward_dq_bulk undoes it), while the next step computes.
+//
+// Work split (warpgroups of 128 threads):
+//   warpgroup 0, the producer: thread 0 issues the loads (K_j and V_j once, then Q_i, dO_i
+//     by TMA and L_i log2(e), D_i by bulk copies, from the preprocess's padded rows, for each
+//     step into a ring of STAGES slots); the warpgroup gives its registers to the consumers;
+//   warpgroups 1, 2, the consumers: 64 keys each, the five products above.
+// Each slot has two mbarriers: full (the copies' bytes) and free (one arrival per consumer
+// warp once its last product of the step has read the slot).
+//
+// Shared-memory layout: tiles as TMA writes them with the 128-byte swizzle, in column groups
+// of 64 head-dim elements (hopper.cuh, smem_desc): K_j, V_j: [HD / 64][B_c][64]; Q_i, dO_i:
+// [HD / 64][B_r][64]; dS^T: [64 keys][B_r = 64 queries] per consumer, written by the threads
+// in the same swizzle.
+//
+// Variants (template parameters; cuflash/_plan.py picks them): T (fp16 | bf16), Tile =
+// BackwardTileSm90<HD, STAGES> (HD the head dim padded to 64 or 128), MaskT = Mask<CAUSAL>.
+// Windows, the score hook, variable-length batches, the deterministic mode and d > 128 run on
+// the portable backward (cuflash/_api.py).
+#include "common.cuh"
+#include "hopper.cuh"
+#include "params.cuh"
+#include "seqinfo.cuh"
+#include "mask.cuh"
+#include "block_range.cuh"
+#include "backward_passes.cuh"
+
+namespace cuflash {
+
+template <int HD_, int STAGES_ = 2>
+struct BackwardTileSm90 {
+    static constexpr int CONSUMERS = 2;  // consumer warpgroups, 64 keys each
+    static constexpr int HD = HD_, B_r = 64, B_c = 64 * CONSUMERS, STAGES = STAGES_;
+    static constexpr int NTHREADS = 128 * (1 + CONSUMERS);
+    static constexpr int GROUPS = HD / 64;  // 64-column groups of the head dim
+    static constexpr int NT_S = B_r / 8;    // n8 tiles across S^T, dP^T (64 keys x B_r queries)
+    static constexpr int NT_D = HD / 8;     // n8 tiles across dK_j, dV_j (64 keys x HD)
+    // Shared memory (bytes), each tile on a 1024-byte boundary: K_j, V_j; STAGES x (Q_i,
+    // dO_i); two buffers of both consumers' dS^T (step i writes buffer i % 2: the other
+    // consumer may still read the last step's); one float32 dQ group tile per consumer; then
+    // STAGES x (L_i, D_i) and the mbarriers; 1024 more for the alignment.
+    static constexpr int KV_BYTES = B_c * HD * 2;   // one of K_j, V_j
+    static constexpr int ROW_BYTES = B_r * HD * 2;  // one of Q_i, dO_i
+    static constexpr int DS_BYTES = 64 * B_r * 2;   // one consumer's dS^T
+    static constexpr int DQ_BYTES = B_r * 64 * 4;   // one 64-column group of dQ_ij, float32
+    static constexpr int VEC_BYTES = B_r * 4;       // one of L_i, D_i
+    static constexpr int BAR_BYTES = 8 * (1 + 2 * STAGES);
+    static constexpr int SMEM_BYTES = 1024 + 2 * KV_BYTES + 2 * STAGES * ROW_BYTES +
+                                      2 * CONSUMERS * DS_BYTES + CONSUMERS * DQ_BYTES +
+                                      2 * STAGES * VEC_BYTES + BAR_BYTES;
+    // setmaxnreg (hopper.cuh): 384 threads launch with 168 registers each; the producer gives
+    // all but 24 to the consumers (2 x 240 + 24 = 504 per thread of a warpgroup). At 232 the
+    // d 128 consumers spilled and ptxas serialized their wgmma (C7512); at 24 the producer
+    // holds one loop (a copy loop of L and D beside it spilled).
+    static constexpr int CONSUMER_REGS = 240, PRODUCER_REGS = 24;
+    static_assert(PRODUCER_REGS * 128 + CONSUMERS * CONSUMER_REGS * 128 <=
+                      65536 / NTHREADS / 8 * 8 * NTHREADS,
+                  "setmaxnreg: the warpgroups ask for more registers than the launch has");
+    // dQ_accum's fragment order, in the names of the portable tile that fa2_backward_dq_bulk
+    // reads (BackwardTile::dq_fragment): a row block's tile is GROUPS x 4 "warps" (64-column
+    // group g, warp w of the consumer that computed it: 16 rows) of 8 n8 tiles x 32 lanes x 4
+    // floats, so that each group's 16 KB is one contiguous bulk reduction.
+    static constexpr int WM_DQ = 4, Q_MW = 16, Q_MT = 1, Q_NW = 64, DQ_PASS = 8, DQ_PASSES = 1;
+    static constexpr bool ODD_D = false;  // (TMA: d is a multiple of 8)
+
+    static_assert(HD == 64 || HD == 128, "head dim padded to 64 or 128 (larger: portable)");
+    static_assert(STAGES >= 2, "at least two Q_i / dO_i slots");
+};
+
+template <typename T, typename Tile, typename MaskT>
+__global__ void __launch_bounds__(Tile::NTHREADS, 1)
+fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
+    constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, STAGES = Tile::STAGES;
+    constexpr int GROUPS = Tile::GROUPS, NT_S = Tile::NT_S, NT_D = Tile::NT_D;
+    constexpr int CONSUMERS = Tile::CONSUMERS;
+
+    // ---- shared memory, carved from a 1024-byte aligned base ---------------------------------
+    extern __shared__ __attribute__((aligned(1024))) unsigned char smem_raw[];
+    const unsigned raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
+    auto generic = [&](unsigned addr) { return smem_raw + (addr - raw); };  // (C++ pointer)
+    const unsigned sK = base, sV = sK + Tile::KV_BYTES, sRows = sV + Tile::KV_BYTES;
+    auto sQ = [&](int stage) { return sRows + stage * Tile::ROW_BYTES; };
+    auto sdO = [&](int stage) { return sRows + (STAGES + stage) * Tile::ROW_BYTES; };
+    const unsigned sdS0 = sRows + 2 * STAGES * Tile::ROW_BYTES;
+    auto sdS = [&](int buf, int c) { return sdS0 + (buf * CONSUMERS + c) * Tile::DS_BYTES; };
+    const unsigned sdQ0 = sdS0 + 2 * CONSUMERS * Tile::DS_BYTES;
+    auto sdQ = [&](int c) { return sdQ0 + c * Tile::DQ_BYTES; };
+    const unsigned sVec = sdQ0 + CONSUMERS * Tile::DQ_BYTES;
+    auto sL = [&](int stage) { return sVec + 2 * stage * Tile::VEC_BYTES; };  // L_i log2 e
+    auto sD = [&](int stage) { return sL(stage) + Tile::VEC_BYTES; };
+    const unsigned bars = sVec + 2 * STAGES * Tile::VEC_BYTES;
+    const unsigned kv_full = bars;
+    auto full = [&](int stage) { return bars + 8 * (1 + stage); };
+    auto free_slot = [&](int stage) { return bars + 8 * (1 + STAGES + stage); };
+
+    const int tid = threadIdx.x, warpgroup = tid / 128;
+    const int j = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
+    const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, nheads = p.nheads;
+    const MaskT mask(p, seqlen_q, seqlen_k);
+    // The steps: every row block i that sees column block j (block_range.cuh), for each query
+    // head h of the group in turn; step t is (h, i) = (head_k group + t / n, begin + t % n).
+    const RowBlocks rb = row_blocks<B_r, B_c>(mask, j);
+    const int n = rb.end - rb.begin, steps = n * p.group;
+    auto step_head = [&](int t) { return head_k * p.group + t / n; };
+    auto step_row_block = [&](int t) { return rb.begin + t % n; };
+
+    if (tid == 0) {
+        mbar_init(kv_full, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full(s), 1);
+            mbar_init(free_slot(s), 4 * CONSUMERS);  // one arrival per consumer warp
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer ----------------------------------------------------------------------
+        regs_decrease<Tile::PRODUCER_REGS>();
+        if (tid == 0) {  // TMA: K_j and V_j once, then Q_i and dO_i of each step
+            mbar_arrive_expect_tx(kv_full, 2 * Tile::KV_BYTES);
+            for (int g = 0; g < GROUPS; ++g) {
+                tma_load_4d(sK + g * (B_c * 128), &p.tm_k, kv_full, g * 64, j * B_c, head_k,
+                            batch);
+                tma_load_4d(sV + g * (B_c * 128), &p.tm_v, kv_full, g * 64, j * B_c, head_k,
+                            batch);
+            }
+            // L_i log2(e) and D_i: one aligned bulk copy each from the preprocess's padded rows
+            const int rows = (seqlen_q + B_r - 1) / B_r * B_r;
+            for (int t = 0; t < steps; ++t) {
+                const int stage = t % STAGES, h = step_head(t), i = step_row_block(t);
+                mbar_wait(free_slot(stage), ((t / STAGES) & 1) ^ 1);
+                mbar_arrive_expect_tx(full(stage), 2 * Tile::ROW_BYTES + 2 * Tile::VEC_BYTES);
+                for (int g = 0; g < GROUPS; ++g) {
+                    tma_load_4d(sQ(stage) + g * (B_r * 128), &p.tm_q, full(stage), g * 64,
+                                i * B_r, h, batch);
+                    tma_load_4d(sdO(stage) + g * (B_r * 128), &p.tm_do, full(stage), g * 64,
+                                i * B_r, h, batch);
+                }
+                const long long at = ((long long)batch * nheads + h) * rows + i * B_r;
+                bulk_load(sL(stage), p.lse_log2 + at, Tile::VEC_BYTES, full(stage));
+                bulk_load(sD(stage), p.dsum + at, Tile::VEC_BYTES, full(stage));
+            }
+        }
+        return;
+    }
+
+    // ---- consumers ----------------------------------------------------------------------
+    regs_increase<Tile::CONSUMER_REGS>();
+    const int wg = warpgroup - 1;  // which 64 keys of K_j: 64 wg ..
+    const int warp = (tid / 32) % 4, lane = tid % 32;
+    const int key_lane = j * B_c + 64 * wg + 16 * warp + lane / 4;  // + 8 e2: this lane's keys
+    const unsigned k_rows = sK + wg * 64 * 128, v_rows = sV + wg * 64 * 128;  // (group 0)
+    const int T_r = (seqlen_q + B_r - 1) / B_r;  // (dQ_accum's row blocks per (batch, head))
+    auto release = [&](unsigned bar) {  // one arrival per warp
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar);
+    };
+
+    float dv[NT_D][4], dk[NT_D][4];  // dV_j, dK_j: this consumer's 64 keys x HD
+    zero(dv);
+    zero(dk);
+    mbar_wait(kv_full, 0);
+
+    for (int t = 0; t < steps; ++t) {
+        // ---- one step: row block i of query head h ---------------------------------------
+        const int stage = t % STAGES, h = step_head(t), i = step_row_block(t);
+        mbar_wait(full(stage), (t / STAGES) & 1);
+
+        // S^T = K_j Q_i^T and dP^T = V_j dO_i^T (64 keys x B_r queries): HD / 16 k-steps each,
+        // step kk reading 16 head-dim columns (group kk / 4, byte 32 (kk % 4) of the rows)
+        float st[NT_S][4], dpt[NT_S][4];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+            const unsigned off = (kk % 4) * 32;
+            Wgmma<T, B_r>::ss(st, smem_desc(k_rows + (kk / 4) * (B_c * 128) + off, 0, 1024),
+                              smem_desc(sQ(stage) + (kk / 4) * (B_r * 128) + off, 0, 1024),
+                              kk > 0);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+            const unsigned off = (kk % 4) * 32;
+            Wgmma<T, B_r>::ss(dpt, smem_desc(v_rows + (kk / 4) * (B_c * 128) + off, 0, 1024),
+                              smem_desc(sdO(stage) + (kk / 4) * (B_r * 128) + off, 0, 1024),
+                              kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // S^T is done (dP^T may still run)
+        fence_accumulators(st);
+
+        // P^T = exp2(scale_log2 S^T - L_i log2 e): mask (mask.cuh) on blocks that cross a
+        // limit; L_i along the columns (this lane's queries 8 nt + 2 (lane % 4) + e1)
+        if (block_needs_mask<B_r, B_c>(mask, i, j))
+            mask_fragment_transposed(mask, st, key_lane, i * B_r, lane);
+        const float* L2 = reinterpret_cast<const float*>(generic(sL(stage)));
+#pragma unroll
+        for (int nt = 0; nt < NT_S; ++nt) {
+            const Float2 l2 = *reinterpret_cast<const Float2*>(L2 + nt * 8 + (lane % 4) * 2);
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2) {
+                st[nt][2 * e2] = exp2_approx(fmaf(st[nt][2 * e2], p.scale_log2, -l2.x));
+                st[nt][2 * e2 + 1] = exp2_approx(fmaf(st[nt][2 * e2 + 1], p.scale_log2, -l2.y));
+            }
+        }
+        // dV_j += P^T dO_i: B_r / 16 k-steps of m64 n HD k16, P^T from registers (the n8
+        // tiles 2 kk, 2 kk + 1 of the accumulator are k-step kk's A fragment), dO_i N-major
+        unsigned pa[B_r / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < B_r / 16; ++kk) pack_a_fragment<T>(pa[kk], st, kk);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < B_r / 16; ++kk)
+            Wgmma<T, HD>::rs(dv, pa[kk], smem_desc(sdO(stage) + kk * 16 * 128, B_r * 128, 1024),
+                             1);
+        wgmma_commit();
+        wgmma_wait<1>();  // dP^T is done (dV may still run)
+        fence_accumulators(dpt);
+
+        // dS^T = P^T ∘ (dP^T - D_i), D_i along the columns
+        const float* D = reinterpret_cast<const float*>(generic(sD(stage)));
+#pragma unroll
+        for (int nt = 0; nt < NT_S; ++nt) {
+            const Float2 dr = *reinterpret_cast<const Float2*>(D + nt * 8 + (lane % 4) * 2);
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2) {
+                dpt[nt][2 * e2] = st[nt][2 * e2] * (dpt[nt][2 * e2] - dr.x);
+                dpt[nt][2 * e2 + 1] = st[nt][2 * e2 + 1] * (dpt[nt][2 * e2 + 1] - dr.y);
+            }
+        }
+        // dK_j += dS^T Q_i (as dV, Q_i N-major)
+        unsigned dsa[B_r / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < B_r / 16; ++kk) pack_a_fragment<T>(dsa[kk], dpt, kk);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < B_r / 16; ++kk)
+            Wgmma<T, HD>::rs(dk, dsa[kk], smem_desc(sQ(stage) + kk * 16 * 128, B_r * 128, 1024),
+                             1);
+        wgmma_commit();
+
+        // dS^T to shared memory (this consumer's 64 keys x B_r queries, 128-byte swizzle: the
+        // 16-byte chunk nt of row r at chunk nt ^ (r % 8)), for dQ_i += dS_ij K_j. The pair of
+        // n8 tile nt, row half e2 is dsa[nt / 2][2 (nt % 2) + e2] (pack_a_fragment).
+        const int buf = t & 1;
+        unsigned char* ds_tile = generic(sdS(buf, wg));
+#pragma unroll
+        for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2) {
+                const int r = 16 * warp + lane / 4 + 8 * e2;
+                *reinterpret_cast<unsigned*>(ds_tile + r * 128 + ((nt ^ (r % 8)) * 16) +
+                                             (lane % 4) * 4) = dsa[nt / 2][2 * (nt % 2) + e2];
+            }
+        // This consumer's dQ tile is free again once its last bulk reduction has read it.
+        if (tid % 128 == 0) bulk_wait_read<0>();
+        fence_proxy_async_shared();     // (the dS^T stores, for wgmma's reads)
+        named_barrier_sync(1, 256);     // both consumers' dS^T are in
+
+        // dQ_i += dS_ij K_j, 64-column group g = (wg + t) % 2 (if the head dim has it: at d 64
+        // the consumers take every other step): m64 n64, B_c / 16 k-steps over the keys, dS
+        // read M-major from consumer kk / 4's dS^T (16 keys: rows 16 (kk % 4)), K_j N-major
+        // (rows 16 kk of group g)
+        const int g = (wg + t) % CONSUMERS;
+        const bool dq_mine = g < GROUPS;
+        float dq[8][4];
+        if (dq_mine) {
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < B_c / 16; ++kk)
+                Wgmma<T, 64>::ss_mn(dq,
+                                    smem_desc(sdS(buf, kk / 4) + (kk % 4) * 16 * 128, 0, 1024),
+                                    smem_desc(sK + g * (B_c * 128) + kk * 16 * 128, B_c * 128,
+                                              1024),
+                                    kk > 0);
+            wgmma_commit();
+        }
+        wgmma_wait<0>();  // dV, dK and dQ are done: the slot and both dS^T are read
+        fence_accumulators(dv);
+        fence_accumulators(dk);
+        release(free_slot(stage));
+        if (dq_mine) {
+            fence_accumulators(dq);
+            // dQ_ij's group g, float32 in fragment order (16-byte stores, conflict-free), then
+            // one bulk reduction into row block i of dQ_accum (batch, heads, T_r, B_r x HD)
+            unsigned char* q_tile = generic(sdQ(wg));
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+                *reinterpret_cast<Float4*>(q_tile + (((warp * 8 + nt) * 32 + lane) * 16)) =
+                    Float4{dq[nt][0], dq[nt][1], dq[nt][2], dq[nt][3]};
+            fence_proxy_async_shared();
+            named_barrier_sync(2 + wg, 128);
+            if (tid % 128 == 0)
+                bulk_reduce_add_f32(
+                    p.dq_accum + (((long long)batch * nheads + h) * T_r + i) * (B_r * HD) +
+                        g * (B_r * 64),
+                    sdQ(wg), Tile::DQ_BYTES);
+        }
+    }
+    if (tid % 128 == 0) bulk_wait();  // the last reduction has read its source
+
+    // ---- epilogue: dK_j (times scale) and dV_j, keys past the end of K not stored ------------
+#pragma unroll
+    for (int nt = 0; nt < NT_D; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk[nt][e] *= p.softmax_scale;
+#pragma unroll
+    for (int e2 = 0; e2 < 2; ++e2) {
+        const int key = key_lane + 8 * e2;
+        const long long at = batch * p.dk_stride_b + key * p.dk_stride_s + head_k * p.dk_stride_h;
+        store_accumulator_row<T>(dk, e2, static_cast<elem_t*>(p.dk) + at, key < seqlen_k, p.d,
+                                 lane);
+        store_accumulator_row<T>(dv, e2, static_cast<elem_t*>(p.dv) + at, key < seqlen_k, p.d,
+                                 lane);
+    }
+}
+
+}  // namespace cuflash
