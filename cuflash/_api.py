@@ -1239,7 +1239,7 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
         Bitwise-identical gradients on every run (dQ is summed in a fixed order instead of by
         racing atomics), on the portable backward: 0.97-1.14x its default's time on the H200,
         and about 1.4-1.75x the Hopper backward's, which is the default there for dense calls
-        with d <= 128 and no window or hook (PERFORMANCE.md).
+        with d <= 128 and no softcap or ALiBi (PERFORMANCE.md).
     dq, dk, dv : optional preallocated outputs: C-contiguous, on a 16-byte boundary, sharing
         no memory with each other or with dout, q, k, v, out, lse.
 
@@ -1393,19 +1393,19 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         q, k, v, qkv_strides = _aligned_qkv(cupy, q, k, v, layout)
         if not odd_d:  # (OddD kernels read rows element by element, as they are)
             dout, out = _aligned(cupy, dout), _aligned(cupy, out)
-        # The Hopper backward where it covers the call (fa2_backward_sm90.cu: dense, d <= 128,
-        # no window, hook or deterministic mode), else the portable one below.
+        # The Hopper backward where it covers the call (fa2_backward_sm90.cu: dense, d <= 128
+        # and a multiple of 8, no score hook, not deterministic), else the portable one below.
         hopper_tile = isinstance(config, _plan.Sm90BackwardConfig)
         if (hopper_tile or config is None) and packed is None and \
-                not (local or hooked or odd_d or deterministic) and \
-                _uses_sm90(cupy, device_id) and \
-                _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, causal,
-                               scale, qkv_strides, config, scratch):
+                not (hooked or odd_d or deterministic) and _uses_sm90(cupy, device_id) and \
+                _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv,
+                               (causal, local), features, scale, qkv_strides, config, scratch):
             return dq, dk, dv
         if hopper_tile:
             raise ValueError(f"the Hopper backward tile {config} cannot run this call (it "
-                             "needs an sm_90 GPU, a dense batch, d <= 128, no window, softcap, "
-                             "ALiBi or deterministic mode, and TMA-describable q, k, v, dout)")
+                             "needs an sm_90 GPU, a dense batch, d <= 128 and a multiple of 8, "
+                             "no softcap, ALiBi or deterministic mode, and TMA-describable q, "
+                             "k, v, dout)")
         # The tile shape and the three compiled kernels, looked up once per configuration.
         def make_plan():
             max_smem, bulk = _max_smem(cupy, device_id), _has_bulk_copy(cupy, device_id)
@@ -1473,23 +1473,25 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
     return dq, dk, dv
 
 
-def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, causal, scale,
-                   qkv_strides, config=None, scratch=None) -> bool:
+def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, features,
+                   scale, qkv_strides, config=None, scratch=None) -> bool:
     """The Hopper backward (kernels/fa2_backward_sm90.cu): the padded preprocess, the main
     kernel (TMA loads of q, k, v, dout through tensor maps, wgmma, warp specialisation), the
-    dQ pass. config: an explicit Sm90BackwardConfig (the bench's), else the table's. Returns
-    False, launching nothing, where the head dim takes the portable backward or TMA cannot
-    describe q, k, v or dout."""
+    dQ pass. kind: (causal, local), the kernel's mask; features: the window's parameter fields
+    (none without one). config: an explicit Sm90BackwardConfig (the bench's), else the table's.
+    Returns False, launching nothing, where the head dim takes the portable backward or TMA
+    cannot describe q, k, v or dout."""
+    causal, local = kind
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    cfg = config or _plan.sm90_backward_config(d)
+    cfg = config or _plan.sm90_backward_config(d, local)
     if cfg is None:
         return False
     dtype_name = _dtype_name(q.dtype)
     plan, kernels, params = _prepared(
-        _backward_launches, ("sm90", device_id, q.dtype, d, causal, cfg),
+        _backward_launches, ("sm90", device_id, q.dtype, d, kind, cfg),
         _registry.FA2_BACKWARD_SM90,
-        lambda: _registry.sm90_backward_plan(dtype_name, d, causal, cfg))
+        lambda: _registry.sm90_backward_plan(dtype_name, d, causal, cfg, local))
     pre, main, fin = kernels["pre"], kernels["main"], kernels["dq"]
     qs, ks, vs = qkv_strides
     dos = _strides(dout)
@@ -1512,7 +1514,7 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, causal,
                     dk_strides=_strides(dk), seqlen_q=seqlen_q, seqlen_k=seqlen_k, d=d,
                     group=nheads // nheads_k, nheads=nheads, head_parts=1, deterministic=0,
                     splits=1, dq_accum_cols=cfg.HD, lanes=lanes, softmax_scale=scale,
-                    scale_log2=scale * _LOG2E)
+                    scale_log2=scale * _LOG2E, **features)
         # 1. D = rowsum(dO ∘ O) and L log2(e), padded to whole row blocks
         pre(_registry.backward_preprocess_grid(rows, lanes, nheads, batch), 128, 0, stream,
             params)

@@ -647,10 +647,15 @@ def _table() -> dict:
     put("sm90a", "fwd_packed", 256, None, [_h(256, 64, 2, handover=False)])
 
     # the Hopper backward (class sm90a, kernels/fa2_backward_sm90.cu): d <= 128, dense, without
-    # windows, the score hook or the deterministic mode (the rest: the "sm90" rows above).
+    # the score hook or the deterministic mode (the rest: the "sm90" rows above); windows on
+    # the same tile.
     # First version, two Q_i / dO_i slots; not yet measured.
     for HD in (64, 128):
         put("sm90a", "bwd", HD, None, [Sm90BackwardConfig(HD, 2)])
+    # with a window (bwd_feat): d 128's 2-slot tile spilled 4 bytes under the causal mask with
+    # a window (Mask<true, true>, compile check); with 3 slots (231,992 bytes) every mask is
+    # spill-free. Not yet measured.
+    put("sm90a", "bwd_feat", 128, None, [Sm90BackwardConfig(128, 3)])
     return t
 
 
@@ -721,18 +726,24 @@ SM90_BACKWARD_FILE = "fa2_backward_sm90.cu"
 SM90_BACKWARD_BUCKETS = (64, 128)
 
 
-def sm90_backward_config(d: int) -> Sm90BackwardConfig | None:
-    """The Hopper backward's tile for head dim d (TILES, class "sm90a"), or None where d
-    takes the portable backward."""
+def sm90_backward_config(d: int, local: bool = False) -> Sm90BackwardConfig | None:
+    """The Hopper backward's tile for head dim d (TILES, class "sm90a"; local: with a sliding
+    window, "bwd_feat" where listed), or None where d takes the portable backward."""
     HD = sm90_head_dim_bucket(d)
-    return TILES[("sm90a", "bwd", HD, False)][0] if HD in SM90_BACKWARD_BUCKETS else None
+    if HD not in SM90_BACKWARD_BUCKETS:
+        return None
+    if local and ("sm90a", "bwd_feat", HD, False) in TILES:
+        return TILES[("sm90a", "bwd_feat", HD, False)][0]
+    return TILES[("sm90a", "bwd", HD, False)][0]
 
 
-def sm90_backward_names(dtype_name: str, cfg: Sm90BackwardConfig, causal: bool) -> dict:
+def sm90_backward_names(dtype_name: str, cfg: Sm90BackwardConfig, causal: bool,
+                        local: bool = False) -> dict:
     """The Hopper backward's three kernels by role: the preprocess and the dQ pass of
-    backward_passes.cuh on its parameter struct, and the main kernel."""
+    backward_passes.cuh on its parameter struct, and the main kernel (local: a sliding
+    window's lower limit)."""
     T, P = ELEMENT_TAGS[dtype_name], "cuflash::Sm90BwdParams"
-    mask = mask_type(causal)
+    mask = mask_type(causal, local)
     return {"pre": f"cuflash::fa2_backward_preprocess<{T}, cuflash::DenseSeq, {P}, "
                    f"{cfg.B_r}>",
             "main": f"cuflash::fa2_backward_sm90<{T}, {cfg.tile_type}, {mask}>",

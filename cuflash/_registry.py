@@ -192,13 +192,15 @@ FA2_BACKWARD = Variant("fa2_backward", _plan.BACKWARD_FILE, _params.BWD, ("80", 
 
 # ---- FA2 backward on Hopper (sm_90a: TMA, wgmma, warp specialisation) -------------------------
 
-def sm90_backward_plan(dtype_name: str, d: int, causal: bool, config=None) -> Plan | None:
+def sm90_backward_plan(dtype_name: str, d: int, causal: bool, config=None,
+                       local: bool = False) -> Plan | None:
     """The Hopper backward's three kernels for head dim d (config: an explicit
-    Sm90BackwardConfig, the bench's), or None where d takes the portable backward."""
-    cfg = config or _plan.sm90_backward_config(d)
+    Sm90BackwardConfig, the bench's; local: with a window's lower limit), or None where d
+    takes the portable backward."""
+    cfg = config or _plan.sm90_backward_config(d, local)
     if cfg is None:
         return None
-    return Plan(cfg, _plan.sm90_backward_names(dtype_name, cfg, causal),
+    return Plan(cfg, _plan.sm90_backward_names(dtype_name, cfg, causal, local),
                 {"pre": 0, "main": cfg.smem_bytes, "dq": 0})
 
 
@@ -210,14 +212,14 @@ def sm90_backward_grid(cfg, seqlen_k: int, nheads_k: int, batch: int) -> tuple:
 
 def _sm90_backward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False,
                          packed=False) -> list:
-    if local or hooked or packed or HD not in _plan.SM90_BACKWARD_BUCKETS:
+    if hooked or packed or HD not in _plan.SM90_BACKWARD_BUCKETS:
         return []
-    return [sm90_backward_plan(dt, HD, causal)]
+    return [sm90_backward_plan(dt, HD, causal, local=local)]
 
 
 FA2_BACKWARD_SM90 = Variant(
     "fa2_backward_sm90", _plan.SM90_BACKWARD_FILE, _params.SM90_BWD, ("90a",),
-    _sm90_backward_plans, _plan.SM90A_NVRTC_OPTIONS, features=False)
+    _sm90_backward_plans, _plan.SM90A_NVRTC_OPTIONS)
 
 
 def backward_preprocess_grid(seqlen_q: int, lanes: int, nheads: int, batch: int) -> tuple:

@@ -100,18 +100,20 @@ def test_backward_fully_masked_rows(dt, family):
 
 def test_hopper_backward_is_the_default_on_sm90(monkeypatch):
     """On an sm_90 GPU backward() runs the Hopper family for a call it covers (dense, d <= 128,
-    no window, hook or deterministic mode), and the portable one under portable_kernels()
-    and for d 256; accurate both ways."""
+    windows included, no hook or deterministic mode), and the portable one under
+    portable_kernels(), for d 256 and with the softcap; accurate both ways."""
     if cp.cuda.Device().compute_capability != "90":
         pytest.skip("not an sm_90 GPU: the Hopper backward does not run here")
     taken = []
     real = _api._backward_sm90
     monkeypatch.setattr(_api, "_backward_sm90", lambda *a, **kw: taken.append(real(*a, **kw))
                         or taken[-1])
-    for d, expected in ((64, [True]), (128, [True]), (256, [False])):
+    for d, expected, features in ((64, [True], {}), (128, [True], {}), (256, [False], {}),
+                                  (128, [True], {"window_size": (50, 0)}),
+                                  (64, [], {"softcap": 20.0})):
         taken.clear()
-        check_gradients(*make_inputs(2, 300, 333, 4, 2, d, DTYPES["bf16"]), True)
-        assert taken == expected, (d, taken)
+        check_gradients(*make_inputs(2, 300, 333, 4, 2, d, DTYPES["bf16"]), True, **features)
+        assert taken == expected, (d, features, taken)
     taken.clear()
     with cuflash.portable_kernels():
         check_gradients(*make_inputs(2, 300, 333, 4, 2, 64, DTYPES["bf16"]), True)
@@ -195,7 +197,7 @@ def test_deterministic_with_atomics(d, causal):
                          ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_backward_sliding_windows(window, causal, deterministic):
+def test_backward_sliding_windows(window, causal, deterministic, family):
     """Gradients with sliding windows, odd lengths both ways, GQA; the deterministic mode's
     dQ pass with row blocks that no key block reaches."""
     for sq, sk, d, dt in ((259, 531, 64, "bf16"), (400, 161, 128, "fp16")):
@@ -221,7 +223,7 @@ def test_backward_softcap_and_alibi(softcap, alibi, causal, deterministic):
 @pytest.mark.parametrize("shift", [-300, -37, 41, 500])
 @pytest.mark.parametrize("causal,window,alibi", SHIFTED_CASES, ids=str)
 @pytest.mark.parametrize("d", [64, 128, 59])
-def test_backward_with_a_shifted_diagonal(shift, causal, window, alibi, d):
+def test_backward_with_a_shifted_diagonal(shift, causal, window, alibi, d, family):
     """Gradients of ring attention's blocks: the masks and ALiBi counted from a diagonal
     moved by diag_shift keys (_api._window folds it into the window's sides), against the
     reference on the same shift."""

@@ -603,8 +603,9 @@ def test_sm90_backward_packs_one_struct_for_its_three_kernels(fake, causal, d):
 
 
 def test_sm90_backward_leaves_other_calls_to_the_portable_one(fake):
-    """d 256, a window, the deterministic mode: the portable backward, on an sm_90 GPU too."""
-    for d, kwargs in ((256, {}), (64, {"window_size": (16, 0)}), (64, {"deterministic": True})):
+    """d 256, the softcap, the deterministic mode: the portable backward, on an sm_90 GPU
+    too."""
+    for d, kwargs in ((256, {}), (64, {"softcap": 20.0}), (64, {"deterministic": True})):
         q, k, v = _qkv(1, 200, 200, 2, 2, d)
         dout = FakeArray(np.ones(q.shape, np.float16))
         out = FakeArray(np.ones(q.shape, np.float16))
@@ -671,8 +672,9 @@ def test_window_picks_the_mask_and_packs_its_sides(fake, monkeypatch, family, wi
     with _family(family):
         _api.backward(dout, q, k, v, dout, lse, causal=causal, window_size=window)
     _, main, fin = fake
-    if family == "sm90" and not local:  # (the Hopper backward: no window)
-        names = _plan.sm90_backward_names("float16", _plan.sm90_backward_config(128), upper)
+    if family == "sm90":  # (the Hopper backward, windows on their own tile)
+        names = _plan.sm90_backward_names("float16", _plan.sm90_backward_config(128, local),
+                                          upper, local)
         assert (main[0], fin[0]) == (names["main"], names["dq"])
     else:
         bcfg = _plan.backward_config(128, 227 * 1024, True)
