@@ -1237,9 +1237,8 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
     causal, softmax_scale, window_size, softcap, alibi_slopes : as given to the forward
     deterministic : bool
         Bitwise-identical gradients on every run (dQ is summed in a fixed order instead of by
-        racing atomics), on the portable backward: 0.97-1.14x its default's time on the H200,
-        and about 1.4-1.75x the Hopper backward's, which is the default there for dense calls
-        with d <= 128 and no softcap or ALiBi (PERFORMANCE.md).
+        racing atomics); 0.97-1.14x the default's time with the portable backward on the
+        H200 (PERFORMANCE.md; on the Hopper backward, not yet measured).
     dq, dk, dv : optional preallocated outputs: C-contiguous, on a 16-byte boundary, sharing
         no memory with each other or with dout, q, k, v, out, lse.
 
@@ -1394,18 +1393,18 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         if not odd_d:  # (OddD kernels read rows element by element, as they are)
             dout, out = _aligned(cupy, dout), _aligned(cupy, out)
         # The Hopper backward where it covers the call (fa2_backward_sm90.cu: dense, d <= 128
-        # and a multiple of 8, no score hook, not deterministic), else the portable one below.
+        # and a multiple of 8, no score hook), else the portable one below.
         hopper_tile = isinstance(config, _plan.Sm90BackwardConfig)
         if (hopper_tile or config is None) and packed is None and \
-                not (hooked or odd_d or deterministic) and _uses_sm90(cupy, device_id) and \
+                not (hooked or odd_d) and _uses_sm90(cupy, device_id) and \
                 _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv,
-                               (causal, local), features, scale, qkv_strides, config, scratch):
+                               (causal, local, deterministic), features, scale, qkv_strides,
+                               config, scratch):
             return dq, dk, dv
         if hopper_tile:
             raise ValueError(f"the Hopper backward tile {config} cannot run this call (it "
                              "needs an sm_90 GPU, a dense batch, d <= 128 and a multiple of 8, "
-                             "no softcap, ALiBi or deterministic mode, and TMA-describable q, "
-                             "k, v, dout)")
+                             "no softcap or ALiBi, and TMA-describable q, k, v, dout)")
         # The tile shape and the three compiled kernels, looked up once per configuration.
         def make_plan():
             max_smem, bulk = _max_smem(cupy, device_id), _has_bulk_copy(cupy, device_id)
@@ -1477,21 +1476,21 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
                    scale, qkv_strides, config=None, scratch=None) -> bool:
     """The Hopper backward (kernels/fa2_backward_sm90.cu): the padded preprocess, the main
     kernel (TMA loads of q, k, v, dout through tensor maps, wgmma, warp specialisation), the
-    dQ pass. kind: (causal, local), the kernel's mask; features: the window's parameter fields
-    (none without one). config: an explicit Sm90BackwardConfig (the bench's), else the table's.
-    Returns False, launching nothing, where the head dim takes the portable backward or TMA
-    cannot describe q, k, v or dout."""
-    causal, local = kind
+    dQ pass. kind: (causal, local, ordered), the kernel's mask and the deterministic mode;
+    features: the window's parameter fields (none without one). config: an explicit
+    Sm90BackwardConfig (the bench's), else the table's. Returns False, launching nothing,
+    where the head dim takes the portable backward or TMA cannot describe q, k, v or dout."""
+    causal, local, ordered = kind
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    cfg = config or _plan.sm90_backward_config(d, local)
+    cfg = config or _plan.sm90_backward_config(d, local, ordered)
     if cfg is None:
         return False
     dtype_name = _dtype_name(q.dtype)
     plan, kernels, params = _prepared(
         _backward_launches, ("sm90", device_id, q.dtype, d, kind, cfg),
         _registry.FA2_BACKWARD_SM90,
-        lambda: _registry.sm90_backward_plan(dtype_name, d, causal, cfg, local))
+        lambda: _registry.sm90_backward_plan(dtype_name, d, causal, cfg, local, ordered))
     pre, main, fin = kernels["pre"], kernels["main"], kernels["dq"]
     qs, ks, vs = qkv_strides
     dos = _strides(dout)
@@ -1499,7 +1498,9 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
                      (cfg.B_r, cfg.B_c, cfg.B_c, cfg.B_r), bind=main.bind_thread)
     if maps is None:
         return False
-    s_ = _scratch_arrays(cupy, _sm90_backward_scratch(cfg, batch, nheads, seqlen_q), scratch)
+    grid = _registry.sm90_backward_grid(cfg, seqlen_k, nheads_k, batch, causal, ordered)
+    s_ = _scratch_arrays(cupy, _sm90_backward_scratch(cfg, batch, nheads, nheads_k, seqlen_q,
+                                                      ordered), scratch)
     lanes = 1 << max(0, (-(-d // 8) - 1).bit_length())  # preprocess: pow2 >= d / 8 per row
     rows = -(-seqlen_q // cfg.B_r) * cfg.B_r  # (the padded rows of D and L log2 e)
     stream = cupy.cuda.get_current_stream().ptr
@@ -1508,34 +1509,42 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
         params.pack(tm_q=tm_q, tm_k=tm_k, tm_v=tm_v, tm_do=tm_do, q=q.data.ptr, k=k.data.ptr,
                     v=v.data.ptr, o=out.data.ptr, dout=dout.data.ptr, lse=lse.data.ptr,
                     dsum=s_["D"].data.ptr, lse_log2=s_["L2"].data.ptr,
-                    dq_accum=s_["dq_accum"].data.ptr, dq=dq.data.ptr, dk=dk.data.ptr,
+                    dq_accum=s_["dq_accum"].data.ptr,
+                    dq_order=s_["dq_order"].data.ptr if ordered else 0, dq=dq.data.ptr,
+                    dk=dk.data.ptr,
                     dv=dv.data.ptr, q_strides=qs, k_strides=ks, v_strides=vs,
                     o_strides=_strides(out), do_strides=dos, dq_strides=_strides(dq),
                     dk_strides=_strides(dk), seqlen_q=seqlen_q, seqlen_k=seqlen_k, d=d,
-                    group=nheads // nheads_k, nheads=nheads, head_parts=1, deterministic=0,
+                    group=nheads // nheads_k, nheads=nheads, head_parts=1,
+                    deterministic=int(ordered),
                     splits=1, dq_accum_cols=cfg.HD, lanes=lanes, softmax_scale=scale,
                     scale_log2=scale * _LOG2E, **features)
         # 1. D = rowsum(dO ∘ O) and L log2(e), padded to whole row blocks
         pre(_registry.backward_preprocess_grid(rows, lanes, nheads, batch), 128, 0, stream,
             params)
         # 2. dK, dV per column block; dQ added into dQ_accum by bulk reductions
-        main(_registry.sm90_backward_grid(cfg, seqlen_k, nheads_k, batch), cfg.threads,
-             cfg.smem_bytes, stream, params)
+        main(grid, cfg.threads, cfg.smem_bytes, stream, params)
         # 3. dQ = scale * dQ_accum, in the input dtype
         fin(_registry.backward_dq_grid(cfg, seqlen_q, d, nheads, batch), 128, 0, stream,
             params)
     return True
 
 
-def _sm90_backward_scratch(cfg, batch, nheads, seqlen_q) -> _Scratch:
+def _sm90_backward_scratch(cfg, batch, nheads, nheads_k, seqlen_q, ordered=False) -> _Scratch:
     """The Hopper backward's scratch: D and L log2(e), float32 (batch, heads, rows), and the
-    zeroed float32 dQ sums (batch, heads, rows, HD) in the kernel's fragment order, rows being
-    seqlen_q rounded up to whole row blocks."""
-    rows = -(-seqlen_q // cfg.B_r) * cfg.B_r
+    float32 dQ sums (batch, heads, rows, HD) in the kernel's fragment order, rows being
+    seqlen_q rounded up to whole row blocks: zeroed, or (ordered, the deterministic mode,
+    whose first addition into each row block is a store) not, with the zeroed turn counters
+    (batch, heads, row blocks) and one ticket counter per (batch, kv head)."""
+    T_r = -(-seqlen_q // cfg.B_r)
+    rows = T_r * cfg.B_r
     f32 = np.float32
-    return _Scratch((("D", (batch, nheads, rows), f32, False),
-                     ("L2", (batch, nheads, rows), f32, False),
-                     ("dq_accum", (batch, nheads, rows, cfg.HD), f32, True)), 0, 1, 1)
+    arrays = [("D", (batch, nheads, rows), f32, False),
+              ("L2", (batch, nheads, rows), f32, False),
+              ("dq_accum", (batch, nheads, rows, cfg.HD), f32, not ordered)]
+    if ordered:
+        arrays.append(("dq_order", (batch * nheads * T_r + batch * nheads_k,), np.int32, True))
+    return _Scratch(tuple(arrays), 0, 1, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1624,10 +1633,12 @@ def _backward_scratch_bytes(q_shape, k_shape, causal, window_size, softcap, alib
     sms = _device_properties(cupy, device_id)["multiProcessorCount"]
     portable = _backward_scratch(cfg, deterministic, upper, batch, nheads, nheads_k, seqlen_q,
                                  seqlen_k, k_shape, sms, bound=True).nbytes
-    hopper = _plan.sm90_backward_config(d)  # (its scratch grows with the batch, linearly)
+    hopper = _plan.sm90_backward_config(d)  # (its scratch grows with the batch, linearly;
+    # the same for every tile: B_r is 64 in all)
     if hopper is None or not _uses_sm90(cupy, device_id):
         return portable
-    return max(portable, _sm90_backward_scratch(hopper, batch, nheads, seqlen_q).nbytes)
+    return max(portable, _sm90_backward_scratch(hopper, batch, nheads, nheads_k, seqlen_q,
+                                                deterministic).nbytes)
 
 
 def _scratch_arrays(cupy, spec: _Scratch, arena=None) -> dict:

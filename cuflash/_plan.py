@@ -647,14 +647,14 @@ def _table() -> dict:
     put("sm90a", "fwd_packed", 256, None, [_h(256, 64, 2, handover=False)])
 
     # the Hopper backward (class sm90a, kernels/fa2_backward_sm90.cu): d <= 128, dense, without
-    # the score hook or the deterministic mode (the rest: the "sm90" rows above); windows on
-    # the same tile.
+    # the score hook (the rest: the "sm90" rows above); the deterministic mode on the same
+    # tiles.
     # First version, two Q_i / dO_i slots; not yet measured.
     for HD in (64, 128):
         put("sm90a", "bwd", HD, None, [Sm90BackwardConfig(HD, 2)])
-    # with a window (bwd_feat): d 128's 2-slot tile spilled 4 bytes under the causal mask with
-    # a window (Mask<true, true>, compile check); with 3 slots (231,992 bytes) every mask is
-    # spill-free. Not yet measured.
+    # with a window or the deterministic mode (bwd_feat): d 128's 2-slot tile spilled 4 bytes
+    # (compile check: causal with a window; ordered, causal or with a window); with 3 slots
+    # (231,992 bytes) every variant is spill-free. Not yet measured.
     put("sm90a", "bwd_feat", 128, None, [Sm90BackwardConfig(128, 3)])
     return t
 
@@ -726,27 +726,30 @@ SM90_BACKWARD_FILE = "fa2_backward_sm90.cu"
 SM90_BACKWARD_BUCKETS = (64, 128)
 
 
-def sm90_backward_config(d: int, local: bool = False) -> Sm90BackwardConfig | None:
-    """The Hopper backward's tile for head dim d (TILES, class "sm90a"; local: with a sliding
-    window, "bwd_feat" where listed), or None where d takes the portable backward."""
+def sm90_backward_config(d: int, local: bool = False,
+                         ordered: bool = False) -> Sm90BackwardConfig | None:
+    """The Hopper backward's tile for head dim d (TILES, class "sm90a"; local, ordered: with a
+    sliding window, in the deterministic mode: "bwd_feat" where listed), or None where d takes
+    the portable backward."""
     HD = sm90_head_dim_bucket(d)
     if HD not in SM90_BACKWARD_BUCKETS:
         return None
-    if local and ("sm90a", "bwd_feat", HD, False) in TILES:
+    if (local or ordered) and ("sm90a", "bwd_feat", HD, False) in TILES:
         return TILES[("sm90a", "bwd_feat", HD, False)][0]
     return TILES[("sm90a", "bwd", HD, False)][0]
 
 
 def sm90_backward_names(dtype_name: str, cfg: Sm90BackwardConfig, causal: bool,
-                        local: bool = False) -> dict:
+                        local: bool = False, ordered: bool = False) -> dict:
     """The Hopper backward's three kernels by role: the preprocess and the dQ pass of
     backward_passes.cuh on its parameter struct, and the main kernel (local: a sliding
-    window's lower limit)."""
+    window's lower limit; ordered: the deterministic mode's fixed order of dQ additions)."""
     T, P = ELEMENT_TAGS[dtype_name], "cuflash::Sm90BwdParams"
     mask = mask_type(causal, local)
     return {"pre": f"cuflash::fa2_backward_preprocess<{T}, cuflash::DenseSeq, {P}, "
                    f"{cfg.B_r}>",
-            "main": f"cuflash::fa2_backward_sm90<{T}, {cfg.tile_type}, {mask}>",
+            "main": f"cuflash::fa2_backward_sm90<{T}, {cfg.tile_type}, {mask}"
+                    f"{', true' if ordered else ''}>",
             "dq": f"cuflash::fa2_backward_dq_bulk<{T}, {cfg.tile_type}, {mask}, "
                   f"cuflash::DenseSeq, {P}>"}
 # NVRTC / nvcc target of the Hopper kernels: wgmma and setmaxnreg need the "a" variant.

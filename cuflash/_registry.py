@@ -193,28 +193,31 @@ FA2_BACKWARD = Variant("fa2_backward", _plan.BACKWARD_FILE, _params.BWD, ("80", 
 # ---- FA2 backward on Hopper (sm_90a: TMA, wgmma, warp specialisation) -------------------------
 
 def sm90_backward_plan(dtype_name: str, d: int, causal: bool, config=None,
-                       local: bool = False) -> Plan | None:
+                       local: bool = False, ordered: bool = False) -> Plan | None:
     """The Hopper backward's three kernels for head dim d (config: an explicit
-    Sm90BackwardConfig, the bench's; local: with a window's lower limit), or None where d
-    takes the portable backward."""
-    cfg = config or _plan.sm90_backward_config(d, local)
+    Sm90BackwardConfig, the bench's; local: with a window's lower limit; ordered: the
+    deterministic mode's), or None where d takes the portable backward."""
+    cfg = config or _plan.sm90_backward_config(d, local, ordered)
     if cfg is None:
         return None
-    return Plan(cfg, _plan.sm90_backward_names(dtype_name, cfg, causal, local),
+    return Plan(cfg, _plan.sm90_backward_names(dtype_name, cfg, causal, local, ordered),
                 {"pre": 0, "main": cfg.smem_bytes, "dq": 0})
 
 
-def sm90_backward_grid(cfg, seqlen_k: int, nheads_k: int, batch: int) -> tuple:
-    """(column blocks, kv heads, batch): one thread block per column block of B_c keys; it
-    walks every query head of its kv head's group."""
-    return ((seqlen_k + cfg.B_c - 1) // cfg.B_c, nheads_k, batch)
+def sm90_backward_grid(cfg, seqlen_k: int, nheads_k: int, batch: int, causal: bool = False,
+                       ordered: bool = False) -> tuple:
+    """(column blocks, kv heads, batch): one thread block per column block of B_c keys, which
+    walks every query head of its kv head's group; ordered without the causal mask, (kv heads,
+    batch, column blocks) (fa2_backward_sm90.cu; backward_grid's limit on T_c)."""
+    return backward_grid((seqlen_k + cfg.B_c - 1) // cfg.B_c, nheads_k, batch, causal, ordered)
 
 
 def _sm90_backward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False,
                          packed=False) -> list:
     if hooked or packed or HD not in _plan.SM90_BACKWARD_BUCKETS:
         return []
-    return [sm90_backward_plan(dt, HD, causal, local=local)]
+    return [sm90_backward_plan(dt, HD, causal, local=local, ordered=ordered)
+            for ordered in (False, True)]
 
 
 FA2_BACKWARD_SM90 = Variant(

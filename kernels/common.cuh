@@ -662,6 +662,28 @@ __device__ __forceinline__ void wait_counter(const int* counter, int value) {
     __trap();  // sm_90 only: a call on an older GPU must not silently do nothing
 #endif
 }
+// The same for turns shared by several bulk operations (the Hopper backward's dQ groups of
+// one step, each counted when done): wait_counter_at_least spins until *counter >= value,
+// add_counter adds 1 once this thread's bulk operations have completed (same rules).
+__device__ __forceinline__ void wait_counter_at_least(const int* counter, int value) {
+#if __CUDA_ARCH__ >= 900
+    int seen;
+    do {
+        asm volatile("ld.acquire.gpu.s32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    } while (seen < value);
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+#else
+    __trap();  // sm_90 only: a call on an older GPU must not silently do nothing
+#endif
+}
+__device__ __forceinline__ void add_counter(int* counter) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.global;\n"
+                 "red.relaxed.gpu.global.add.s32 [%0], 1;" :: "l"(counter) : "memory");
+#else
+    __trap();  // sm_90 only: a call on an older GPU must not silently do nothing
+#endif
+}
 __device__ __forceinline__ void set_counter(int* counter, int value) {
 #if __CUDA_ARCH__ >= 900
     asm volatile("fence.proxy.async.global;\n"

@@ -44,8 +44,8 @@
 // Variants (template parameters; cuflash/_plan.py picks them): T (fp16 | bf16), Tile =
 // BackwardTileSm90<HD, STAGES> (HD the head dim padded to 64 or 128), MaskT = Mask<CAUSAL,
 // LOCAL> (LOCAL: a sliding window's lower limit; ring attention's shifted blocks come as
-// windows too). The score hook, variable-length batches, the deterministic mode and d > 128
-// run on the portable backward (cuflash/_api.py).
+// windows too), ORDERED (the deterministic mode: dQ's additions in a fixed order). The score
+// hook, variable-length batches and d > 128 run on the portable backward (cuflash/_api.py).
 #include "common.cuh"
 #include "hopper.cuh"
 #include "params.cuh"
@@ -96,7 +96,7 @@ struct BackwardTileSm90 {
     static_assert(STAGES >= 2, "at least two Q_i / dO_i slots");
 };
 
-template <typename T, typename Tile, typename MaskT>
+template <typename T, typename Tile, typename MaskT, bool ORDERED = false>
 __global__ void __launch_bounds__(Tile::NTHREADS, 1)
 fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, STAGES = Tile::STAGES;
@@ -123,8 +123,33 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     auto free_slot = [&](int stage) { return bars + 8 * (1 + STAGES + stage); };
 
     const int tid = threadIdx.x, warpgroup = tid / 128;
-    const int j = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
     const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, nheads = p.nheads;
+    const int T_r = (seqlen_q + B_r - 1) / B_r;  // (dQ_accum's row blocks per (batch, head))
+    // The block's column block j, kv head and batch entry: grid (T_c, kv heads, batch), one
+    // block per column block. ORDERED (the deterministic mode, as fa2_backward.cu's): the
+    // additions into each row block of dQ_accum go in a fixed order, column blocks right to
+    // left (rank n_i - 1 - j, n_i = column_blocks(i).end; rank 0 stores), each waiting for the
+    // turn counter of its (batch, head, row block) in p.dq_order to reach its rank (times the
+    // dQ groups per step: each group's reduction counts once it has completed). A block takes
+    // j = T_c - 1 - x for a ticket x drawn from its (batch, kv head)'s counter when it starts,
+    // so that it waits only on blocks that started before it (CUDA promises no start order).
+    // Non-causal, the grid is (kv heads, batch, T_c), so that the blocks of one (batch, kv
+    // head), which all start at row block 0, start far apart instead of trailing each other by
+    // one step.
+    constexpr bool BY_HEAD = ORDERED && !MaskT::CAUSAL;
+    const int head_k = BY_HEAD ? blockIdx.x : blockIdx.y;
+    const int batch = BY_HEAD ? blockIdx.y : blockIdx.z;
+    int j = BY_HEAD ? blockIdx.z : blockIdx.x;
+    if constexpr (ORDERED) {
+        __shared__ int s_ticket;
+        if (tid == 0) {
+            const int nbatch = BY_HEAD ? gridDim.y : gridDim.z;
+            int* tickets = p.dq_order + (long long)nbatch * nheads * T_r;  // (after the turns)
+            s_ticket = atomicAdd(tickets + batch * (nheads / p.group) + head_k, 1);
+        }
+        __syncthreads();
+        j = (seqlen_k + B_c - 1) / B_c - 1 - ld_shared_s32(smem_u32(&s_ticket));
+    }
     const MaskT mask(p, seqlen_q, seqlen_k);
     // The steps: every row block i that sees column block j (block_range.cuh), for each query
     // head h of the group in turn; step t is (h, i) = (head_k group + t / n, begin + t % n).
@@ -180,7 +205,6 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     const int warp = (tid / 32) % 4, lane = tid % 32;
     const int key_lane = j * B_c + 64 * wg + 16 * warp + lane / 4;  // + 8 e2: this lane's keys
     const unsigned k_rows = sK + wg * 64 * 128, v_rows = sV + wg * 64 * 128;  // (group 0)
-    const int T_r = (seqlen_q + B_r - 1) / B_r;  // (dQ_accum's row blocks per (batch, head))
     auto release = [&](unsigned bar) {  // one arrival per warp
         __syncwarp();
         if (lane == 0) mbar_arrive(bar);
@@ -215,6 +239,7 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         wgmma_commit();
     };
 
+    int* turn = nullptr;  // ORDERED (a warpgroup's thread 0): its last reduction's counter
     float dv[NT_D][4], dk[NT_D][4];  // dV_j, dK_j: this consumer's 64 keys x HD
     zero(dv);
     zero(dk);
@@ -281,8 +306,19 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                 *reinterpret_cast<unsigned*>(ds_tile + r * 128 + ((nt ^ (r % 8)) * 16) +
                                              (lane % 4) * 4) = dsa[nt / 2][2 * (nt % 2) + e2];
             }
-        // This consumer's dQ tile is free again once its last bulk reduction has read it.
-        if (tid % 128 == 0) bulk_wait_read<0>();
+        // This consumer's dQ tile is free again once its last bulk reduction has read it;
+        // ORDERED: once that reduction has completed, its turn passes on.
+        if (tid % 128 == 0) {
+            if constexpr (ORDERED) {
+                if (turn) {
+                    bulk_wait();
+                    add_counter(turn);
+                    turn = nullptr;
+                }
+            } else {
+                bulk_wait_read<0>();
+            }
+        }
         fence_proxy_async_shared();     // (the dS^T stores, for wgmma's reads)
         named_barrier_sync(1, 256);     // both consumers' dS^T are in
 
@@ -319,14 +355,27 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                     Float4{dq[nt][0], dq[nt][1], dq[nt][2], dq[nt][3]};
             fence_proxy_async_shared();
             named_barrier_sync(2 + wg, 128);
-            if (tid % 128 == 0)
-                bulk_reduce_add_f32(
-                    p.dq_accum + (((long long)batch * nheads + h) * T_r + i) * (B_r * HD) +
-                        g * (B_r * 64),
-                    sdQ(wg), Tile::DQ_BYTES);
+            if (tid % 128 == 0) {
+                const long long row_block = ((long long)batch * nheads + h) * T_r + i;
+                float* dst = p.dq_accum + row_block * (B_r * HD) + g * (B_r * 64);
+                if constexpr (ORDERED) {  // (see the grid above)
+                    const int rank = column_blocks<B_r, B_c>(mask, i).end - 1 - j;
+                    turn = p.dq_order + row_block;
+                    wait_counter_at_least(turn, GROUPS * rank);
+                    if (rank == 0)
+                        bulk_store(dst, sdQ(wg), Tile::DQ_BYTES);
+                    else
+                        bulk_reduce_add_f32(dst, sdQ(wg), Tile::DQ_BYTES);
+                } else {
+                    bulk_reduce_add_f32(dst, sdQ(wg), Tile::DQ_BYTES);
+                }
+            }
         }
     }
-    if (tid % 128 == 0) bulk_wait();  // the last reduction has read its source
+    if (tid % 128 == 0) {
+        bulk_wait();  // the last reduction has read its source (and completed)
+        if (ORDERED && turn) add_counter(turn);
+    }
 
     // ---- epilogue: dK_j (times scale) and dV_j, keys past the end of K not stored ------------
 #pragma unroll

@@ -100,7 +100,7 @@ def test_backward_fully_masked_rows(dt, family):
 
 def test_hopper_backward_is_the_default_on_sm90(monkeypatch):
     """On an sm_90 GPU backward() runs the Hopper family for a call it covers (dense, d <= 128,
-    windows included, no hook or deterministic mode), and the portable one under
+    windows and the deterministic mode included, no hook), and the portable one under
     portable_kernels(), for d 256 and with the softcap; accurate both ways."""
     if cp.cuda.Device().compute_capability != "90":
         pytest.skip("not an sm_90 GPU: the Hopper backward does not run here")
@@ -110,6 +110,7 @@ def test_hopper_backward_is_the_default_on_sm90(monkeypatch):
                         or taken[-1])
     for d, expected, features in ((64, [True], {}), (128, [True], {}), (256, [False], {}),
                                   (128, [True], {"window_size": (50, 0)}),
+                                  (128, [True], {"deterministic": True}),
                                   (64, [], {"softcap": 20.0})):
         taken.clear()
         check_gradients(*make_inputs(2, 300, 333, 4, 2, d, DTYPES["bf16"]), True, **features)
@@ -130,7 +131,7 @@ def test_hopper_backward_many_blocks_and_heads(causal, d):
 
 @pytest.mark.parametrize("d", [96, 128, 192, 224])
 @pytest.mark.parametrize("causal", [False, True])
-def test_deterministic_is_bitwise_repeatable(causal, d):
+def test_deterministic_is_bitwise_repeatable(causal, d, family):
     q, k, v, dout = make_inputs(2, 1000, 1000, 8, 4, d, ml_dtypes.bfloat16)
     first = check_gradients(q, k, v, dout, causal, deterministic=True)
     out, lse = cuflash.forward(q, k, v, causal=causal)
@@ -142,26 +143,26 @@ def test_deterministic_is_bitwise_repeatable(causal, d):
 
 @pytest.mark.parametrize("sq,sk", [(1023, 1025), (700, 300), (300, 700), (1, 129), (129, 65)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_deterministic_accuracy_odd_lengths(sq, sk, causal):
+def test_deterministic_accuracy_odd_lengths(sq, sk, causal, family):
     """Deterministic mode at uneven lengths: under a causal mask some dQ slices never receive
     some row blocks (the dQ sum must skip them, not read them)."""
     check_gradients(*make_inputs(2, sq, sk, 4, 2, 64, np.float16), causal, deterministic=True)
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_deterministic_more_column_blocks_than_sms(causal):
+def test_deterministic_more_column_blocks_than_sms(causal, family):
     """One (batch, head) with more column blocks than the GPU has SMs: on sm_90 the ordered dQ
     additions wait only on blocks started earlier, so this must finish, and agree with the
-    default mode of the same (portable) kernel up to the order of the float32 sums (one
-    missing or doubled column block of the ~140 would move dQ by ~7e-4 relative; the Hopper
-    backward, another kernel (dS from P in float32, not rounded), measured 4.8e-4)."""
+    default mode of the same kernel family up to the order of the float32 sums (one missing
+    or doubled column block of the ~140 would move dQ by ~7e-4 relative; the two families,
+    different kernels (the Hopper one takes dS from P in float32, not rounded), measured
+    4.8e-4 apart)."""
     from cuflash import _api
     sms = _api._device_properties(cp, cp.cuda.Device().id)["multiProcessorCount"]
     n = (sms + 8) * 128 + 37  # > sms column blocks at B_c <= 128
     q, k, v, dout = make_inputs(1, n, n, 2, 1, 64, np.float16)
     out, lse = cuflash.forward(q, k, v, causal=causal)
-    with cuflash.portable_kernels():
-        default = cuflash.backward(dout, q, k, v, out, lse, causal=causal)
+    default = cuflash.backward(dout, q, k, v, out, lse, causal=causal)
     det = cuflash.backward(dout, q, k, v, out, lse, causal=causal, deterministic=True)
     again = cuflash.backward(dout, q, k, v, out, lse, causal=causal, deterministic=True)
     for name, a, b, c in zip(("dq", "dk", "dv"), det, default, again):
@@ -388,7 +389,7 @@ def test_long_sequence_memory_is_linear():
         assert err <= 2e-2 * float(cp.abs(dq_ref).max()) + 1e-3, (i, err)
 
 
-def test_ordered_deterministic_under_contention():
+def test_ordered_deterministic_under_contention(family):
     """The ordered deterministic backward (sm_90) waits on other blocks, so a block's place
     among the column blocks comes from a ticket taken when it starts, not from its block index
     (CUDA does not promise that blocks start in index order). With another stream's kernel

@@ -562,26 +562,31 @@ def test_backward_carves_its_scratch_from_a_given_arena(fake, deterministic):
                        None, scratch=FakeArray(np.zeros(nbytes - 1, np.uint8)))
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 96, 128])
-def test_sm90_backward_packs_one_struct_for_its_three_kernels(fake, causal, d):
+def test_sm90_backward_packs_one_struct_for_its_three_kernels(fake, causal, d, deterministic):
     """On an sm_90 GPU a dense call with d <= 128 runs the Hopper backward: the padded
     preprocess, the main kernel over (column blocks, kv heads, batch) with four tensor maps
     (q, k, v, dout at their own addresses and strides), the dQ pass; one struct, its scratch
-    (padded D and L log2 e, the dQ sums) carved from a given arena of the size
-    _backward_scratch_bytes predicts."""
+    (padded D and L log2 e, the dQ sums; deterministic: the turn and ticket counters, and the
+    grid (kv heads, batch, column blocks) without the causal mask) carved from a given arena
+    of the size _backward_scratch_bytes predicts."""
     q, k, v = _qkv(2, 333, 517, 8, 2, d)
     dout, out = FakeArray(np.ones(q.shape, np.float16)), FakeArray(np.ones(q.shape, np.float16))
     lse = FakeArray(np.zeros((2, 8, 333), np.float32))
-    nbytes = _api._backward_scratch_bytes(q.shape, k.shape, causal, (-1, -1), 0.0, None, False)
+    nbytes = _api._backward_scratch_bytes(q.shape, k.shape, causal, (-1, -1), 0.0, None,
+                                          deterministic)
     arena = FakeArray(np.zeros(nbytes, np.uint8))
-    dq, dk, dv = _api._backward(dout, q, k, v, out, lse, causal, None, False, None, None, None,
-                                None, scratch=arena)
+    dq, dk, dv = _api._backward(dout, q, k, v, out, lse, causal, None, deterministic, None,
+                                None, None, None, scratch=arena)
     pre, main, fin = fake
-    cfg = _plan.sm90_backward_config(d)
-    names = _plan.sm90_backward_names("float16", cfg, causal)
+    cfg = _plan.sm90_backward_config(d, ordered=deterministic)
+    names = _plan.sm90_backward_names("float16", cfg, causal, ordered=deterministic)
     assert (pre[0], main[0], fin[0]) == (names["pre"], names["main"], names["dq"])
-    assert main[1] == (-(-517 // cfg.B_c), 2, 2) and main[2] == 384
+    T_c = -(-517 // cfg.B_c)
+    assert main[1] == ((2, 2, T_c) if deterministic and not causal else (T_c, 2, 2))
+    assert main[2] == 384
     assert main[3] == cfg.smem_bytes
     rows = -(-333 // 64) * 64
     assert pre[1][0] * (128 // pre[4]["lanes"]) >= rows  # (the padded rows)
@@ -594,7 +599,8 @@ def test_sm90_backward_packs_one_struct_for_its_three_kernels(fake, causal, d):
     inside = range(arena.data.ptr, arena.data.ptr + nbytes)
     assert p["dsum"] in inside and p["lse_log2"] in inside and p["dq_accum"] in inside
     assert (p["group"], p["head_parts"], p["deterministic"], p["dq_accum_cols"]) == \
-        (4, 1, 0, cfg.HD)
+        (4, 1, int(deterministic), cfg.HD)
+    assert (p["dq_order"] in inside) if deterministic else p["dq_order"] == 0
     for name, x in (("tm_q", q), ("tm_k", k), ("tm_v", v), ("tm_do", dout)):
         words = struct.unpack_from("<16q", p[name])
         assert words[2] == x.data.ptr, name  # (_encode_words: the map's address word)
@@ -603,9 +609,10 @@ def test_sm90_backward_packs_one_struct_for_its_three_kernels(fake, causal, d):
 
 
 def test_sm90_backward_leaves_other_calls_to_the_portable_one(fake):
-    """d 256, the softcap, the deterministic mode: the portable backward, on an sm_90 GPU
-    too."""
-    for d, kwargs in ((256, {}), (64, {"softcap": 20.0}), (64, {"deterministic": True})):
+    """d 256, the softcap, ALiBi, d 59: the portable backward, on an sm_90 GPU too."""
+    slopes = FakeArray(np.full((2,), 0.5, np.float32))
+    for d, kwargs in ((256, {}), (64, {"softcap": 20.0}), (64, {"alibi_slopes": slopes}),
+                      (59, {})):
         q, k, v = _qkv(1, 200, 200, 2, 2, d)
         dout = FakeArray(np.ones(q.shape, np.float16))
         out = FakeArray(np.ones(q.shape, np.float16))

@@ -210,19 +210,20 @@ def test_each_architecture_class_builds_the_shapes_planned_for_it():
         if arch == "90a":  # the Hopper families alone: the forward's tiles per padded head
             # dim (sliding windows: local; the score hook: hooked; variable-length batches:
             # packed; on their own tiles where listed), the backward's three kernels per
-            # bucket up to 128 and mask, windows included (dense, no hook)
+            # bucket up to 128, mask and order, windows and the deterministic mode included
+            # (dense, no hook)
             tiles = {(cfg, c, local, hooked, packed) for HD in _plan.HEAD_DIM_BUCKETS
                      for c, local, hooked, packed in itertools.product((False, True), repeat=4)
                      for cfg in _plan.sm90_forward_configs(HD, c, local or hooked, packed,
                                                           local and hooked)}
-            backward = {(_plan.sm90_backward_config(HD, local), c, local)
-                        for HD in _plan.SM90_BACKWARD_BUCKETS for c in (False, True)
-                        for local in (False, True)}
+            backward = {(_plan.sm90_backward_config(HD, local, ordered), c, local, ordered)
+                        for HD in _plan.SM90_BACKWARD_BUCKETS
+                        for c, local, ordered in itertools.product((False, True), repeat=3)}
             assert names == {_plan.sm90_forward_kernel_name(dt, cfg, c, local, hooked, packed)
                              for dt in _plan.ELEMENT_TAGS
                              for cfg, c, local, hooked, packed in tiles} | \
-                {name for dt in _plan.ELEMENT_TAGS for cfg, c, local in backward
-                 for name in _plan.sm90_backward_names(dt, cfg, c, local).values()}
+                {name for dt in _plan.ELEMENT_TAGS for cfg, c, local, ordered in backward
+                 for name in _plan.sm90_backward_names(dt, cfg, c, local, ordered).values()}
             assert all(cfg.smem_bytes <= smems[0] for cfg, *_ in tiles | backward)
             continue
         bulk = _plan.has_bulk_copy(int(arch))  # the dQ bulk reduction: sm_90 only
