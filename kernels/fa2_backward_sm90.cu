@@ -360,12 +360,17 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                 float* dst = p.dq_accum + row_block * (B_r * HD) + g * (B_r * 64);
                 if constexpr (ORDERED) {  // (see the grid above)
                     const int rank = column_blocks<B_r, B_c>(mask, i).end - 1 - j;
-                    turn = p.dq_order + row_block;
-                    wait_counter_at_least(turn, GROUPS * rank);
-                    if (rank == 0)
-                        bulk_store(dst, sdQ(wg), Tile::DQ_BYTES);
-                    else
-                        bulk_reduce_add_f32(dst, sdQ(wg), Tile::DQ_BYTES);
+                    // (rank < 0: row_blocks can hand a block a padded last row block that
+                    // sees none of its keys, with a window's right side below zero, from
+                    // ring attention's shifts: its dQ_ij is 0 and it takes no turn)
+                    if (rank >= 0) {
+                        turn = p.dq_order + row_block;
+                        wait_counter_at_least(turn, GROUPS * rank);
+                        if (rank == 0)
+                            bulk_store(dst, sdQ(wg), Tile::DQ_BYTES);
+                        else
+                            bulk_reduce_add_f32(dst, sdQ(wg), Tile::DQ_BYTES);
+                    }
                 } else {
                     bulk_reduce_add_f32(dst, sdQ(wg), Tile::DQ_BYTES);
                 }
