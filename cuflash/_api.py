@@ -1238,8 +1238,8 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
     deterministic : bool
         Bitwise-identical gradients on every run (dQ is summed in a fixed order instead of by
         racing atomics), on the portable backward: 0.97-1.14x its default's time on the H200,
-        and about 1.4-1.75x the Hopper backward's, which is the default there for dense calls
-        with d <= 128 and no window or hook (PERFORMANCE.md).
+        where the default for dense calls with d <= 128 and no window or hook is the Hopper
+        backward, 1.4-1.75x faster than the portable one (PERFORMANCE.md).
     dq, dk, dv : optional preallocated outputs: C-contiguous, on a 16-byte boundary, sharing
         no memory with each other or with dout, q, k, v, out, lse.
 
@@ -1441,7 +1441,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
             dkv_strides = _strides(dk_buf[0])
         else:
             dk_buf, dv_buf, dkv_strides = dk, dv, _strides(dk)
-        lanes = 1 << max(0, (-(-d // 8) - 1).bit_length())  # preprocess: pow2 >= d / 8 per row
+        lanes = _preprocess_lanes(d)
         qs, ks, vs = qkv_strides
         with params.lock:  # one struct for the three kernels
             params.pack(q=q.data.ptr, k=k.data.ptr, v=v.data.ptr, o=out.data.ptr,
@@ -1473,6 +1473,11 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
     return dq, dk, dv
 
 
+def _preprocess_lanes(d: int) -> int:
+    """The preprocess's lanes per query row (backward_passes.cuh): a power of two >= d / 8."""
+    return 1 << max(0, (-(-d // 8) - 1).bit_length())
+
+
 def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, causal, scale,
                    qkv_strides, config=None, scratch=None) -> bool:
     """The Hopper backward (kernels/fa2_backward_sm90.cu): the padded preprocess, the main
@@ -1498,7 +1503,7 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, causal,
     if maps is None:
         return False
     s_ = _scratch_arrays(cupy, _sm90_backward_scratch(cfg, batch, nheads, seqlen_q), scratch)
-    lanes = 1 << max(0, (-(-d // 8) - 1).bit_length())  # preprocess: pow2 >= d / 8 per row
+    lanes = _preprocess_lanes(d)
     rows = -(-seqlen_q // cfg.B_r) * cfg.B_r  # (the padded rows of D and L log2 e)
     stream = cupy.cuda.get_current_stream().ptr
     tm_q, tm_k, tm_v, tm_do = maps

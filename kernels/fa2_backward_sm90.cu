@@ -185,6 +185,35 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         if (lane == 0) mbar_arrive(bar);
     };
 
+    // The step's two kinds of product, issued and committed (not awaited):
+    // acc = A B^T, A this consumer's 64 rows of K_j or V_j (from a_rows), B the B_r rows of
+    // Q_i or dO_i (b_rows), both K-major: HD / 16 k-steps, step kk reading 16 head-dim columns
+    // (group kk / 4, byte 32 (kk % 4) of the 128-byte rows). (The caller fences: the two of a
+    // step go out after one wgmma_fence.)
+    auto issue_rows_by_rows = [&](float (&acc)[NT_S][4], unsigned a_rows, unsigned b_rows) {
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+            const unsigned off = (kk % 4) * 32;
+            Wgmma<T, B_r>::ss(acc, smem_desc(a_rows + (kk / 4) * (B_c * 128) + off, 0, 1024),
+                              smem_desc(b_rows + (kk / 4) * (B_r * 128) + off, 0, 1024),
+                              kk > 0);
+        }
+        wgmma_commit();
+    };
+    // acc += A B, A = `s` (an accumulator of S^T's shape: P^T or dS^T) packed into the A
+    // fragments `a` (n8 tiles 2 kk, 2 kk + 1 are k-step kk's), B the B_r rows of dO_i or Q_i
+    // (b_rows), N-major: B_r / 16 k-steps of m64 n HD k16, k-step kk 16 rows down
+    auto issue_registers_by_rows = [&](float (&acc)[NT_D][4], unsigned (&a)[B_r / 16][4],
+                                       const float (&s)[NT_S][4], unsigned b_rows) {
+#pragma unroll
+        for (int kk = 0; kk < B_r / 16; ++kk) pack_a_fragment<T>(a[kk], s, kk);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < B_r / 16; ++kk)
+            Wgmma<T, HD>::rs(acc, a[kk], smem_desc(b_rows + kk * 16 * 128, B_r * 128, 1024), 1);
+        wgmma_commit();
+    };
+
     float dv[NT_D][4], dk[NT_D][4];  // dV_j, dK_j: this consumer's 64 keys x HD
     zero(dv);
     zero(dk);
@@ -195,26 +224,11 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         const int stage = t % STAGES, h = step_head(t), i = step_row_block(t);
         mbar_wait(full(stage), (t / STAGES) & 1);
 
-        // S^T = K_j Q_i^T and dP^T = V_j dO_i^T (64 keys x B_r queries): HD / 16 k-steps each,
-        // step kk reading 16 head-dim columns (group kk / 4, byte 32 (kk % 4) of the rows)
+        // S^T = K_j Q_i^T and dP^T = V_j dO_i^T (64 keys x B_r queries)
         float st[NT_S][4], dpt[NT_S][4];
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) {
-            const unsigned off = (kk % 4) * 32;
-            Wgmma<T, B_r>::ss(st, smem_desc(k_rows + (kk / 4) * (B_c * 128) + off, 0, 1024),
-                              smem_desc(sQ(stage) + (kk / 4) * (B_r * 128) + off, 0, 1024),
-                              kk > 0);
-        }
-        wgmma_commit();
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) {
-            const unsigned off = (kk % 4) * 32;
-            Wgmma<T, B_r>::ss(dpt, smem_desc(v_rows + (kk / 4) * (B_c * 128) + off, 0, 1024),
-                              smem_desc(sdO(stage) + (kk / 4) * (B_r * 128) + off, 0, 1024),
-                              kk > 0);
-        }
-        wgmma_commit();
+        issue_rows_by_rows(st, k_rows, sQ(stage));
+        issue_rows_by_rows(dpt, v_rows, sdO(stage));
         wgmma_wait<1>();  // S^T is done (dP^T may still run)
         fence_accumulators(st);
 
@@ -232,17 +246,9 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                 st[nt][2 * e2 + 1] = exp2_approx(fmaf(st[nt][2 * e2 + 1], p.scale_log2, -l2.y));
             }
         }
-        // dV_j += P^T dO_i: B_r / 16 k-steps of m64 n HD k16, P^T from registers (the n8
-        // tiles 2 kk, 2 kk + 1 of the accumulator are k-step kk's A fragment), dO_i N-major
+        // dV_j += P^T dO_i: P^T from registers, dO_i N-major
         unsigned pa[B_r / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < B_r / 16; ++kk) pack_a_fragment<T>(pa[kk], st, kk);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < B_r / 16; ++kk)
-            Wgmma<T, HD>::rs(dv, pa[kk], smem_desc(sdO(stage) + kk * 16 * 128, B_r * 128, 1024),
-                             1);
-        wgmma_commit();
+        issue_registers_by_rows(dv, pa, st, sdO(stage));
         wgmma_wait<1>();  // dP^T is done (dV may still run)
         fence_accumulators(dpt);
 
@@ -259,14 +265,7 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         }
         // dK_j += dS^T Q_i (as dV, Q_i N-major)
         unsigned dsa[B_r / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < B_r / 16; ++kk) pack_a_fragment<T>(dsa[kk], dpt, kk);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < B_r / 16; ++kk)
-            Wgmma<T, HD>::rs(dk, dsa[kk], smem_desc(sQ(stage) + kk * 16 * 128, B_r * 128, 1024),
-                             1);
-        wgmma_commit();
+        issue_registers_by_rows(dk, dsa, dpt, sQ(stage));
 
         // dS^T to shared memory (this consumer's 64 keys x B_r queries, 128-byte swizzle: the
         // 16-byte chunk nt of row r at chunk nt ^ (r % 8)), for dQ_i += dS_ij K_j. The pair of
