@@ -1440,7 +1440,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
             dkv_strides = _strides(dk_buf[0])
         else:
             dk_buf, dv_buf, dkv_strides = dk, dv, _strides(dk)
-        lanes = 1 << max(0, (-(-d // 8) - 1).bit_length())  # preprocess: pow2 >= d / 8 per row
+        lanes = _preprocess_lanes(d)
         qs, ks, vs = qkv_strides
         with params.lock:  # one struct for the three kernels
             params.pack(q=q.data.ptr, k=k.data.ptr, v=v.data.ptr, o=out.data.ptr,
@@ -1472,6 +1472,11 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
     return dq, dk, dv
 
 
+def _preprocess_lanes(d: int) -> int:
+    """The preprocess's lanes per query row (backward_passes.cuh): a power of two >= d / 8."""
+    return 1 << max(0, (-(-d // 8) - 1).bit_length())
+
+
 def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, features,
                    scale, qkv_strides, config=None, scratch=None) -> bool:
     """The Hopper backward (kernels/fa2_backward_sm90.cu): the padded preprocess, the main
@@ -1501,7 +1506,7 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
     grid = _registry.sm90_backward_grid(cfg, seqlen_k, nheads_k, batch, causal, ordered)
     s_ = _scratch_arrays(cupy, _sm90_backward_scratch(cfg, batch, nheads, nheads_k, seqlen_q,
                                                       ordered), scratch)
-    lanes = 1 << max(0, (-(-d // 8) - 1).bit_length())  # preprocess: pow2 >= d / 8 per row
+    lanes = _preprocess_lanes(d)
     rows = -(-seqlen_q // cfg.B_r) * cfg.B_r  # (the padded rows of D and L log2 e)
     stream = cupy.cuda.get_current_stream().ptr
     tm_q, tm_k, tm_v, tm_do = maps
