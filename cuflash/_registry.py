@@ -354,12 +354,11 @@ VARIANTS = (FA2_FORWARD, FA2_BACKWARD, FA1_FORWARD, FA2_FORWARD_SM90, FA2_BACKWA
             FA2_DECODE)
 
 
-def specialisations(arch: str, variants=VARIANTS) -> list[tuple[str, str, object]]:
-    """(kernel file, name expression, tile or None) of every kernel the variants may launch
-    on a GPU of compile-check class `arch` ("80", "90" or "90a", _plan.ARCH_SMEM): the plans
-    for each shared-memory size of that class, every dtype, head-dim bucket and mask."""
+def _planned_launches(arch: str, variants=VARIANTS):
+    """(variant, the device's shared memory per block, plan) of every plan the variants may
+    launch on a GPU of compile-check class `arch` ("80", "90" or "90a", _plan.ARCH_SMEM): the
+    plans for each shared-memory size of that class, every dtype, head-dim bucket and mask."""
     smems, bulk = _plan.ARCH_SMEM[arch], _plan.has_bulk_copy(int(arch.rstrip("a")))
-    out = []
     for variant in variants:
         if arch not in variant.arch_classes:
             continue
@@ -378,7 +377,25 @@ def specialisations(arch: str, variants=VARIANTS) -> list[tuple[str, str, object
                         features["odd_d"] = True
                     for smem in smems:
                         for plan in variant.plans(dt, HD, causal, smem, bulk, **features):
-                            for role, name in plan.kernels.items():
-                                out.append((variant.source, name,
-                                            plan.cfg if plan.smem[role] else None))
+                            yield variant, smem, plan
+
+
+def specialisations(arch: str, variants=VARIANTS) -> list[tuple[str, str, object]]:
+    """(kernel file, name expression, tile or None) of every kernel the variants may launch
+    on a GPU of compile-check class `arch` (_planned_launches)."""
+    out = [(variant.source, name, plan.cfg if plan.smem[role] else None)
+           for variant, _, plan in _planned_launches(arch, variants)
+           for role, name in plan.kernels.items()]
     return list(dict.fromkeys(out))
+
+
+def static_smem_room(arch: str, variants=VARIANTS) -> dict:
+    """name expression -> the most static shared memory that kernel may declare on a GPU of
+    class `arch`: the least, over its plans, of the device's limit per block less the dynamic
+    shared memory the plan launches it with (the launch fails where static + dynamic exceed
+    the limit; the compile check compares each kernel's static bytes against this)."""
+    room: dict = {}
+    for _, smem, plan in _planned_launches(arch, variants):
+        for role, name in plan.kernels.items():
+            room[name] = min(room.get(name, smem), smem - plan.smem[role])
+    return room

@@ -58,6 +58,7 @@ class KernelReport:
     # ptxas C7511/C7512: the wgmma instructions were serialized (each waits for the one before),
     # for want of registers: no spill, but the tile's matmuls lose their pipelining
     wgmma_serialized: bool = False
+    expression: str = ""  # the planner's name expression that instantiated it
 
 
 def instantiation_source(filename: str, names: list[str], asserts: list[str] = ()) -> str:
@@ -75,6 +76,7 @@ def instantiation_source(filename: str, names: list[str], asserts: list[str] = (
 _FUNC = re.compile(r"Compiling entry function '(?P<name>[^']+)' for '(?P<arch>sm_\w+)'")
 _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers.*?(?:, (\d+) bytes smem)?")
+_INSTANTIATED = re.compile(r"cuflash_instantiate_(\d+) = (?:generic\()?([\w$]+)")
 _SERIALIZED = re.compile(r"\(C751\d\) Potential Performance Loss: wgmma\.mma_async instructions "
                          r"are serialized.*?function '(?P<name>[^']+)'")
 
@@ -105,15 +107,22 @@ def compile_file(filename: str, names: list[str], arch: str, nvcc: str) -> tuple
         with open(src, "w") as f:
             f.write(instantiation_source(filename, names, _plan.tile_assertions(arch, filename)))
         target = _plan.SM90A_NVCC_ARCH if arch == "90a" else f"-arch=sm_{arch}"
-        cmd = [nvcc, "-cubin", target, *_loader.NVRTC_OPTIONS, "-Xptxas", "-v",
-               "-o", os.path.join(tmp, "check.cubin"), src]
+        # (--keep: the PTX names the kernel each instantiation line took, mangled as ptxas
+        # reports it)
+        cmd = [nvcc, "-cubin", target, *_loader.NVRTC_OPTIONS, "-Xptxas", "-v", "--keep",
+               "--keep-dir", tmp, "-o", os.path.join(tmp, "check.cubin"), src]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:
             loc = _loader.first_error_location(log)
             where = f"{loc[0]}:{loc[1]}: {loc[2]}" if loc else "compile failed"
             raise RuntimeError(f"nvcc sm_{arch}, kernels/{filename}: {where}\n{log}")
-        return log, parse_ptxas(log)
+        with open(os.path.join(tmp, "check.ptx")) as f:
+            mangled = {m.group(2): names[int(m.group(1))] for m in _INSTANTIATED.finditer(f.read())}
+        reports = parse_ptxas(log)
+        for r in reports:
+            r.expression = mangled.get(r.name, "")
+        return log, reports
 
 
 def _load_nvrtc():
@@ -205,7 +214,21 @@ def check_all(archs=ARCHS, nvcc: str | None = None) -> list[KernelReport]:
     expected = sum(len(_plan.all_specialisations(a)) for a in archs)
     if len(reports) != expected:
         raise RuntimeError(f"expected {expected} kernels in the ptxas report, got {len(reports)}")
+    unnamed = [r.name for r in reports if not r.expression]
+    if unnamed:
+        raise RuntimeError(f"{len(unnamed)} kernels not traced to their name expressions in the "
+                           f"PTX, e.g. {unnamed[0]}")
     return reports
+
+
+def static_smem_overflows(reports: list[KernelReport]) -> list[tuple[KernelReport, int]]:
+    """(report, room) of each kernel whose static shared memory exceeds its room beside the
+    dynamic shared memory of its plans (_registry.static_smem_room): a launch of it would fail
+    with "invalid argument" when its dynamic limit is raised."""
+    from . import _registry
+    rooms = {arch: _registry.static_smem_room(arch) for arch in {r.arch for r in reports}}
+    return [(r, rooms[r.arch][r.expression]) for r in reports
+            if r.expression in rooms[r.arch] and r.smem_static > rooms[r.arch][r.expression]]
 
 
 def cache_key(archs, nvcc: str) -> str:
@@ -220,8 +243,8 @@ def cache_key(archs, nvcc: str) -> str:
         h.update(repr(specs).encode())
         for filename in sorted({f for f, _ in specs}):
             h.update(_loader.expand_source(filename).encode())
-    h.update(instantiation_source.__code__.co_code)
-    h.update(parse_ptxas.__code__.co_code)
+    for f in (instantiation_source, parse_ptxas, compile_file):
+        h.update(f.__code__.co_code)
     return h.hexdigest()[:32]
 
 
@@ -309,15 +332,17 @@ def main(argv=None) -> int:
               "compiles again)")
     names = _demangle(sorted({r.name for r in reports}))
     print(f"{'arch':<6}{'regs':>5}{'stack':>7}{'spill st':>9}{'spill ld':>9}  kernel")
-    bad = 0
+    bad, over = 0, {id(r) for r, _ in static_smem_overflows(reports)}
     for r in sorted(reports, key=lambda r: (names[r.name], r.arch)):
         flag = "  <-- SPILLS" if r.spill_stores or r.spill_loads else \
-            "  <-- WGMMA SERIALIZED" if r.wgmma_serialized else ""
+            "  <-- WGMMA SERIALIZED" if r.wgmma_serialized else \
+            "  <-- STATIC + DYNAMIC SHARED MEMORY OVER THE LIMIT" if id(r) in over else ""
         bad += bool(flag)
         short = names[r.name].replace("void ", "").split("(")[0]
         print(f"sm_{r.arch:<3}{r.registers:>5}{r.stack:>7}{r.spill_stores:>9}{r.spill_loads:>9}"
               f"  {short}{flag}")
-    print(f"{len(reports)} kernels compiled, {bad} with spills or serialized wgmma")
+    print(f"{len(reports)} kernels compiled, {bad} with spills, serialized wgmma or too much "
+          f"shared memory")
     return 1 if bad else 0
 
 

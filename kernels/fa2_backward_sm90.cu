@@ -73,7 +73,10 @@ struct BackwardTileSm90 {
     static constexpr int DS_BYTES = 64 * B_r * 2;   // one consumer's dS^T
     static constexpr int DQ_BYTES = B_r * 64 * 4;   // one 64-column group of dQ_ij, float32
     static constexpr int VEC_BYTES = B_r * 4;       // one of L_i, D_i
-    static constexpr int BAR_BYTES = 8 * (1 + 2 * STAGES);
+    // the mbarriers (K_j V_j full, STAGES x full, STAGES x free) and the deterministic mode's
+    // ticket: in the carved layout, not a static __shared__ variable, which would come
+    // 1024-aligned on top of SMEM_BYTES and push the d 128 3-slot tile past 227 KB.
+    static constexpr int BAR_BYTES = 8 * (2 + 2 * STAGES);
     static constexpr int SMEM_BYTES = 1024 + 2 * KV_BYTES + 2 * STAGES * ROW_BYTES +
                                       2 * CONSUMERS * DS_BYTES + CONSUMERS * DQ_BYTES +
                                       2 * STAGES * VEC_BYTES + BAR_BYTES;
@@ -121,6 +124,7 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     const unsigned kv_full = bars;
     auto full = [&](int stage) { return bars + 8 * (1 + stage); };
     auto free_slot = [&](int stage) { return bars + 8 * (1 + STAGES + stage); };
+    const unsigned sTicket = bars + 8 * (1 + 2 * STAGES);  // (ORDERED)
 
     const int tid = threadIdx.x, warpgroup = tid / 128;
     const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, nheads = p.nheads;
@@ -141,14 +145,14 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     const int batch = BY_HEAD ? blockIdx.y : blockIdx.z;
     int j = BY_HEAD ? blockIdx.z : blockIdx.x;
     if constexpr (ORDERED) {
-        __shared__ int s_ticket;
         if (tid == 0) {
             const int nbatch = BY_HEAD ? gridDim.y : gridDim.z;
             int* tickets = p.dq_order + (long long)nbatch * nheads * T_r;  // (after the turns)
-            s_ticket = atomicAdd(tickets + batch * (nheads / p.group) + head_k, 1);
+            *reinterpret_cast<int*>(generic(sTicket)) =
+                atomicAdd(tickets + batch * (nheads / p.group) + head_k, 1);
         }
         __syncthreads();
-        j = (seqlen_k + B_c - 1) / B_c - 1 - ld_shared_s32(smem_u32(&s_ticket));
+        j = (seqlen_k + B_c - 1) / B_c - 1 - ld_shared_s32(sTicket);
     }
     const MaskT mask(p, seqlen_q, seqlen_k);
     // The steps: every row block i that sees column block j (block_range.cuh), for each query

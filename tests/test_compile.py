@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cuflash import _loader, _plan, compile_check
+from cuflash import _loader, _plan, _registry, compile_check
 
 NVCC = compile_check.find_nvcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (set CUDACXX or PATH)")
@@ -30,6 +30,31 @@ def test_every_specialisation_compiles_without_spills(reports):
     assert not serialized, "wgmma serialized for want of registers (ptxas C7511/C7512):\n" + \
         "\n".join(map(str, serialized))
     assert all(r.registers <= 255 for r in reports)
+
+
+@needs_nvcc
+def test_static_and_dynamic_shared_memory_fit_every_planned_launch(reports):
+    """Each kernel's static shared memory (ptxas) fits beside the dynamic shared memory its
+    plans launch it with, on every device limit planned for (a static __shared__ variable in a
+    kernel with a 1024-aligned dynamic layout is padded to 1024 bytes; the Hopper backward's
+    d 128 3-slot tile had 456 bytes to spare and failed to launch)."""
+    for arch in compile_check.ARCHS:
+        room = _registry.static_smem_room(arch)
+        traced = {r.expression for r in reports if r.arch == arch}
+        assert set(room) <= traced, "planned kernels missing from the report"
+    over = compile_check.static_smem_overflows(reports)
+    assert not over, "static + dynamic shared memory over the limit:\n" + \
+        "\n".join(f"{r.expression}: {r.smem_static} static bytes, room {room}" for r, room in over)
+
+
+def test_static_smem_overflow_is_flagged_against_the_planned_dynamic_size():
+    cfg = _plan.Sm90BackwardConfig(128, 3)
+    name = _plan.sm90_backward_names("bfloat16", cfg, False, ordered=True)["main"]
+    room = _registry.static_smem_room("90a")[name]
+    assert room == 227 * 1024 - cfg.smem_bytes
+    fits, over = (compile_check.KernelReport("90a", "k", 168, static, 0, 0, 0, expression=name)
+                  for static in (room, room + 1))
+    assert compile_check.static_smem_overflows([fits, over]) == [(over, room)]
 
 
 @needs_nvcc
