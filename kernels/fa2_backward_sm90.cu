@@ -259,21 +259,34 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         wgmma_fence();
         issue_rows_by_rows(st, k_rows, sQ(stage));
         issue_rows_by_rows(dpt, v_rows, sdO(stage));
+        // L_i log2 e along the columns (this lane's queries 8 nt + 2 (lane % 4) + e1), read
+        // while the products run: read after the wait, these loads queued behind the
+        // products' own shared-memory reads and the first exponent waited on them (ncu,
+        // session 14). (Not with a window in the ordered mode: 4 bytes spilled there at d 128.)
+        Float2 l2[NT_S];
+        auto load_l2 = [&] {
+            const float* L2 = reinterpret_cast<const float*>(generic(sL(stage)));
+#pragma unroll
+            for (int nt = 0; nt < NT_S; ++nt)
+                l2[nt] = *reinterpret_cast<const Float2*>(L2 + nt * 8 + (lane % 4) * 2);
+        };
+        constexpr bool EARLY_L = !(ORDERED && MaskT::LOCAL);
+        if constexpr (EARLY_L) load_l2();
         wgmma_wait<1>();  // S^T is done (dP^T may still run)
         fence_accumulators(st);
+        if constexpr (!EARLY_L) load_l2();
 
         // P^T = exp2(scale_log2 S^T - L_i log2 e): mask (mask.cuh) on blocks that cross a
-        // limit; L_i along the columns (this lane's queries 8 nt + 2 (lane % 4) + e1)
+        // limit
         if (block_needs_mask<B_r, B_c>(mask, i, j))
             mask_fragment_transposed(mask, st, key_lane, i * B_r, lane);
-        const float* L2 = reinterpret_cast<const float*>(generic(sL(stage)));
 #pragma unroll
         for (int nt = 0; nt < NT_S; ++nt) {
-            const Float2 l2 = *reinterpret_cast<const Float2*>(L2 + nt * 8 + (lane % 4) * 2);
 #pragma unroll
             for (int e2 = 0; e2 < 2; ++e2) {
-                st[nt][2 * e2] = exp2_approx(fmaf(st[nt][2 * e2], p.scale_log2, -l2.x));
-                st[nt][2 * e2 + 1] = exp2_approx(fmaf(st[nt][2 * e2 + 1], p.scale_log2, -l2.y));
+                st[nt][2 * e2] = exp2_approx(fmaf(st[nt][2 * e2], p.scale_log2, -l2[nt].x));
+                st[nt][2 * e2 + 1] =
+                    exp2_approx(fmaf(st[nt][2 * e2 + 1], p.scale_log2, -l2[nt].y));
             }
         }
         // dV_j += P^T dO_i: P^T from registers, dO_i N-major
@@ -310,17 +323,13 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                 *reinterpret_cast<unsigned*>(ds_tile + r * 128 + ((nt ^ (r % 8)) * 16) +
                                              (lane % 4) * 4) = dsa[nt / 2][2 * (nt % 2) + e2];
             }
-        // This consumer's dQ tile is free again once its last bulk reduction has read it;
-        // ORDERED: once that reduction has completed, its turn passes on.
-        if (tid % 128 == 0) {
-            if constexpr (ORDERED) {
-                if (turn) {
-                    bulk_wait();
-                    add_counter(turn);
-                    turn = nullptr;
-                }
-            } else {
-                bulk_wait_read<0>();
+        // ORDERED: this consumer's dQ tile is free again, and its turn passes on, once its
+        // last bulk operation has completed.
+        if constexpr (ORDERED) {
+            if (tid % 128 == 0 && turn) {
+                bulk_wait();
+                add_counter(turn);
+                turn = nullptr;
             }
         }
         fence_proxy_async_shared();     // (the dS^T stores, for wgmma's reads)
@@ -350,19 +359,29 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         release(free_slot(stage));
         if (dq_mine) {
             fence_accumulators(dq);
-            // dQ_ij's group g, float32 in fragment order (16-byte stores, conflict-free), then
-            // one bulk reduction into row block i of dQ_accum (batch, heads, T_r, B_r x HD)
-            unsigned char* q_tile = generic(sdQ(wg));
+            const long long row_block = ((long long)batch * nheads + h) * T_r + i;
+            float* dst = p.dq_accum + row_block * (B_r * HD) + g * (B_r * 64);
+            if constexpr (!ORDERED) {
+                // dQ_ij's group g added into row block i of dQ_accum (batch, heads, T_r,
+                // B_r x HD) straight from the registers, in fragment order: one 16-byte
+                // reduction per n8 tile, a warp's 32 contiguous in 512 bytes (no staging, no
+                // barrier: the next step's products start at once)
+                float* mine = dst + (warp * 8 * 32 + lane) * 4;
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-                *reinterpret_cast<Float4*>(q_tile + (((warp * 8 + nt) * 32 + lane) * 16)) =
-                    Float4{dq[nt][0], dq[nt][1], dq[nt][2], dq[nt][3]};
-            fence_proxy_async_shared();
-            named_barrier_sync(2 + wg, 128);
-            if (tid % 128 == 0) {
-                const long long row_block = ((long long)batch * nheads + h) * T_r + i;
-                float* dst = p.dq_accum + row_block * (B_r * HD) + g * (B_r * 64);
-                if constexpr (ORDERED) {  // (see the grid above)
+                for (int nt = 0; nt < 8; ++nt)
+                    red_add_f32x4(true, mine + nt * 32 * 4, dq[nt][0], dq[nt][1], dq[nt][2],
+                                  dq[nt][3]);
+            } else {
+                // ORDERED: the group to shared memory in the same order, then one bulk
+                // operation whose completion hands the turn on (see the grid above)
+                unsigned char* q_tile = generic(sdQ(wg));
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt)
+                    *reinterpret_cast<Float4*>(q_tile + (((warp * 8 + nt) * 32 + lane) * 16)) =
+                        Float4{dq[nt][0], dq[nt][1], dq[nt][2], dq[nt][3]};
+                fence_proxy_async_shared();
+                named_barrier_sync(2 + wg, 128);
+                if (tid % 128 == 0) {
                     const int rank = column_blocks<B_r, B_c>(mask, i).end - 1 - j;
                     // (rank < 0: row_blocks can hand a block a padded last row block that
                     // sees none of its keys, with a window's right side below zero, from
@@ -375,15 +394,13 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                         else
                             bulk_reduce_add_f32(dst, sdQ(wg), Tile::DQ_BYTES);
                     }
-                } else {
-                    bulk_reduce_add_f32(dst, sdQ(wg), Tile::DQ_BYTES);
                 }
             }
         }
     }
-    if (tid % 128 == 0) {
-        bulk_wait();  // the last reduction has read its source (and completed)
-        if (ORDERED && turn) add_counter(turn);
+    if (ORDERED && tid % 128 == 0) {
+        bulk_wait();  // the last bulk operation has completed
+        if (turn) add_counter(turn);
     }
 
     // ---- epilogue: dK_j (times scale) and dV_j, keys past the end of K not stored ------------
