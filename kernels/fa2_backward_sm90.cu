@@ -9,8 +9,8 @@
 //       dP_ij = dO_i V_j^T
 //       dS_ij = P_ij ∘ (dP_ij - D_i)            D = rowsum(dO ∘ O), backward_passes.cuh
 //       dK_j += dS_ij^T Q_i                     (times scale at the end)
-//       dQ_i += dS_ij K_j                       (float32 bulk additions into dQ_accum; times
-//                                                scale in fa2_backward_dq_bulk)
+//       dQ_i += dS_ij K_j                       (float32 additions into dQ_accum; times scale
+//                                                in fa2_backward_dq_bulk)
 // The step is under "one step: row block i" below.
 //
 // Transposed products. wgmma's M is 64 rows of a warpgroup, and dK_j, dV_j are what stays in
@@ -24,9 +24,10 @@
 // (64 keys x B_r queries) to shared memory, and wgmma reads dS from there transposed (M-major;
 // Wgmma::ss_mn), with K_j N-major. Its 64-column groups of the head dim go to the consumers in
 // turn ((step + group) % 2), so each does at most one group per step (d 128: one each; d 64:
-// every other step), and the group's float32 tile goes through shared memory to one bulk
-// reduction (cp.reduce.async.bulk .add.f32) into dQ_accum, in fragment order
-// (fa2_backward_dq_bulk undoes it), while the next step computes.
+// every other step). The group's float32 tile is added into dQ_accum in fragment order
+// (fa2_backward_dq_bulk undoes it): by 16-byte reductions straight from the registers, or
+// through shared memory by one bulk reduction (cp.reduce.async.bulk .add.f32) that runs while
+// the next step computes, per kernel as measured (DQ_RED below; the ordered mode: bulk).
 //
 // Work split (warpgroups of 128 threads):
 //   warpgroup 0, the producer: thread 0 issues the loads (K_j and V_j once, then Q_i, dO_i
@@ -66,8 +67,9 @@ struct BackwardTileSm90 {
     static constexpr int NT_D = HD / 8;     // n8 tiles across dK_j, dV_j (64 keys x HD)
     // Shared memory (bytes), each tile on a 1024-byte boundary: K_j, V_j; STAGES x (Q_i,
     // dO_i); two buffers of both consumers' dS^T (step i writes buffer i % 2: the other
-    // consumer may still read the last step's); one float32 dQ group tile per consumer; then
-    // STAGES x (L_i, D_i) and the mbarriers; 1024 more for the alignment.
+    // consumer may still read the last step's); one float32 dQ group tile per consumer (the
+    // bulk path's; unused where DQ_RED); then STAGES x (L_i, D_i) and the mbarriers and the
+    // ordered mode's ticket; 1024 more for the alignment.
     static constexpr int KV_BYTES = B_c * HD * 2;   // one of K_j, V_j
     static constexpr int ROW_BYTES = B_r * HD * 2;  // one of Q_i, dO_i
     static constexpr int DS_BYTES = 64 * B_r * 2;   // one consumer's dS^T
