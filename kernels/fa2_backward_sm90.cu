@@ -45,14 +45,16 @@
 // Variants (template parameters; cuflash/_plan.py picks them): T (fp16 | bf16), Tile =
 // BackwardTileSm90<HD, STAGES> (HD the head dim padded to 64 or 128), MaskT = Mask<CAUSAL,
 // LOCAL> (LOCAL: a sliding window's lower limit; ring attention's shifted blocks come as
-// windows too), ORDERED (the deterministic mode: dQ's additions in a fixed order). The score
-// hook, variable-length batches and d > 128 run on the portable backward (cuflash/_api.py).
+// windows too), ORDERED (the deterministic mode: dQ's additions in a fixed order), ScoreT
+// (ScoreScale | ScoreHook, score.cuh: softcap and ALiBi). Variable-length batches and d > 128
+// run on the portable backward (cuflash/_api.py).
 #include "common.cuh"
 #include "hopper.cuh"
 #include "params.cuh"
 #include "seqinfo.cuh"
 #include "mask.cuh"
 #include "block_range.cuh"
+#include "score.cuh"
 #include "backward_passes.cuh"
 
 namespace cuflash {
@@ -101,7 +103,8 @@ struct BackwardTileSm90 {
     static_assert(STAGES >= 2, "at least two Q_i / dO_i slots");
 };
 
-template <typename T, typename Tile, typename MaskT, bool ORDERED = false>
+template <typename T, typename Tile, typename MaskT, bool ORDERED = false,
+          typename ScoreT = ScoreScale>
 __global__ void __launch_bounds__(Tile::NTHREADS, 1)
 fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, STAGES = Tile::STAGES;
@@ -231,18 +234,23 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         }
         wgmma_commit();
     };
-    // acc += A B, A = `s` (an accumulator of S^T's shape: P^T or dS^T) packed into the A
-    // fragments `a` (n8 tiles 2 kk, 2 kk + 1 are k-step kk's), B the B_r rows of dO_i or Q_i
-    // (b_rows), N-major: B_r / 16 k-steps of m64 n HD k16, k-step kk 16 rows down
-    auto issue_registers_by_rows = [&](float (&acc)[NT_D][4], unsigned (&a)[B_r / 16][4],
-                                       const float (&s)[NT_S][4], unsigned b_rows) {
-#pragma unroll
-        for (int kk = 0; kk < B_r / 16; ++kk) pack_a_fragment<T>(a[kk], s, kk);
+    // acc += A B, A the A fragments `a` of an accumulator of S^T's shape (P^T or dS^T; n8
+    // tiles 2 kk, 2 kk + 1 are k-step kk's), B the B_r rows of dO_i or Q_i (b_rows), N-major:
+    // B_r / 16 k-steps of m64 n HD k16, k-step kk 16 rows down
+    auto issue_packed_by_rows = [&](float (&acc)[NT_D][4], const unsigned (&a)[B_r / 16][4],
+                                    unsigned b_rows) {
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < B_r / 16; ++kk)
             Wgmma<T, HD>::rs(acc, a[kk], smem_desc(b_rows + kk * 16 * 128, B_r * 128, 1024), 1);
         wgmma_commit();
+    };
+    // the same with A = `s`, packed into `a` first
+    auto issue_registers_by_rows = [&](float (&acc)[NT_D][4], unsigned (&a)[B_r / 16][4],
+                                       const float (&s)[NT_S][4], unsigned b_rows) {
+#pragma unroll
+        for (int kk = 0; kk < B_r / 16; ++kk) pack_a_fragment<T>(a[kk], s, kk);
+        issue_packed_by_rows(acc, a, b_rows);
     };
 
     // How dQ_ij reaches dQ_accum. DQ_RED: 16-byte vector reductions from the registers. Else
@@ -289,22 +297,66 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         // limit
         if (block_needs_mask<B_r, B_c>(mask, i, j))
             mask_fragment_transposed(mask, st, key_lane, i * B_r, lane);
-#pragma unroll
-        for (int nt = 0; nt < NT_S; ++nt) {
-#pragma unroll
-            for (int e2 = 0; e2 < 2; ++e2) {
-                st[nt][2 * e2] = exp2_approx(fmaf(st[nt][2 * e2], p.scale_log2, -l2[nt].x));
-                st[nt][2 * e2 + 1] =
-                    exp2_approx(fmaf(st[nt][2 * e2 + 1], p.scale_log2, -l2[nt].y));
-            }
-        }
-        // dV_j += P^T dO_i: P^T from registers, dO_i N-major
         unsigned pa[B_r / 16][4];
-        issue_registers_by_rows(dv, pa, st, sdO(stage));
+        if constexpr (ScoreT::REWRITES) {
+            // With the score hook (score.cuh), each element in one pass: S^T hooked (hidden
+            // ones, -inf, give P = 0), P^T, packed into dV's A fragments, and in st
+            // P^T times the hook's derivative (the softcap's 1 - tanh^2), all that dS needs
+            // of it: no array beside st for the derivative (a second one spilled at d 128).
+            // ALiBi's distance of element e of n8 tile nt: query 8 nt + e % 2, key
+            // 8 (e / 2) past the lane's first (dist0), compile-time offsets.
+            const ScoreT hook(p, batch, h);  // (this step's query head)
+            const float dist0 = hook.template diagonal<shifted_diagonal<DenseSeq, MaskT>()>(
+                p, i * B_r + 2 * (lane % 4), key_lane, seqlen_q, seqlen_k);
+            auto hooked = [&](auto softcap) {
+                constexpr bool SOFTCAP = decltype(softcap)::value;
+#pragma unroll
+                for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+                    for (int e2 = 0; e2 < 2; ++e2) {
+                        float pe[2];
+#pragma unroll
+                        for (int e1 = 0; e1 < 2; ++e1) {
+                            const float s_raw = st[nt][2 * e2 + e1];
+                            float x = s_raw, dfactor = 1.f;
+                            if constexpr (SOFTCAP) {
+                                const float th = ScoreHook::softcap_tanh(s_raw, p.softcap_in);
+                                x = p.softcap_out * th;
+                                dfactor = 1.f - th * th;
+                            }
+                            x = hook.alibi(x, dist0 + static_cast<float>(8 * nt + e1 - 8 * e2));
+                            const float l = e1 ? l2[nt].y : l2[nt].x;
+                            pe[e1] = s_raw == -INFINITY ? 0.f
+                                                        : exp2_approx(fmaf(x, p.scale_log2, -l));
+                            st[nt][2 * e2 + e1] = pe[e1] * dfactor;
+                        }
+                        pa[nt / 2][2 * (nt % 2) + e2] = T::pack(pe[0], pe[1]);
+                    }
+            };
+            if (p.softcap_in != 0.f)  // (uniform: tested once, each variant one straight loop)
+                hooked(Int<1>{});
+            else
+                hooked(Int<0>{});
+            // dV_j += P^T dO_i: P^T from registers, dO_i N-major
+            issue_packed_by_rows(dv, pa, sdO(stage));
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT_S; ++nt) {
+#pragma unroll
+                for (int e2 = 0; e2 < 2; ++e2) {
+                    st[nt][2 * e2] = exp2_approx(fmaf(st[nt][2 * e2], p.scale_log2, -l2[nt].x));
+                    st[nt][2 * e2 + 1] =
+                        exp2_approx(fmaf(st[nt][2 * e2 + 1], p.scale_log2, -l2[nt].y));
+                }
+            }
+            // dV_j += P^T dO_i: P^T from registers, dO_i N-major
+            issue_registers_by_rows(dv, pa, st, sdO(stage));
+        }
         wgmma_wait<1>();  // dP^T is done (dV may still run)
         fence_accumulators(dpt);
 
-        // dS^T = P^T ∘ (dP^T - D_i), D_i along the columns
+        // dS^T = P^T ∘ (dP^T - D_i), D_i along the columns (with the hook, st holds P^T times
+        // its derivative)
         const float* D = reinterpret_cast<const float*>(generic(sD(stage)));
 #pragma unroll
         for (int nt = 0; nt < NT_S; ++nt) {
