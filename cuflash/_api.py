@@ -1493,8 +1493,8 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     table = _plan.sm90_backward_config(d, local, ordered, hooked)
     cfg = config or table
-    if table is None:
-        return False
+    if table is None or cfg.HD != table.HD:  # (an explicit tile of another head-dim bucket:
+        return False                          # its kernel would not fit d)
     dtype_name = _dtype_name(q.dtype)
     plan, kernels, params = _prepared(
         _backward_launches, ("sm90", device_id, q.dtype, d, kind, cfg),
@@ -1643,7 +1643,7 @@ def _backward_scratch_bytes(q_shape, k_shape, causal, window_size, softcap, alib
     sms = _device_properties(cupy, device_id)["multiProcessorCount"]
     portable = _backward_scratch(cfg, deterministic, upper, batch, nheads, nheads_k, seqlen_q,
                                  seqlen_k, k_shape, sms, bound=True).nbytes
-    hopper = _plan.sm90_backward_config(d)  # (its scratch grows with the batch, linearly;
+    hopper = _plan.sm90_backward_config(d, hooked=hooked)  # (its scratch grows with the batch;
     # the same for every tile: B_r is 64 in all)
     if hopper is None or not _uses_sm90(cupy, device_id):
         return portable

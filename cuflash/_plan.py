@@ -723,8 +723,9 @@ def sm90_forward_kernel_name(dtype_name: str, cfg: Sm90ForwardConfig, causal: bo
 SM90_FORWARD_FILE = "fa2_forward_sm90.cu"
 SM90_BACKWARD_FILE = "fa2_backward_sm90.cu"
 # The head-dim buckets of the Hopper backward (larger head dims run the portable one), and
-# those with the score hook (softcap, ALiBi): at d 128 the hooked consumers spilled 4-44 bytes
-# but for causal plain calls (compile check, session 14), so d 128 hooked calls stay portable.
+# those with the score hook (softcap, ALiBi): at d 128 the hooked consumers spilled 8-88 bytes
+# (4-44 with L_i read inside the pass; clean only causal, not ordered, without a window:
+# compile check, session 14), so d 128 hooked calls stay portable.
 SM90_BACKWARD_BUCKETS = (64, 128)
 SM90_HOOKED_BACKWARD_BUCKETS = (64,)
 
