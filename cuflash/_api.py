@@ -1237,8 +1237,8 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
     causal, softmax_scale, window_size, softcap, alibi_slopes : as given to the forward
     deterministic : bool
         Bitwise-identical gradients on every run (dQ is summed in a fixed order instead of by
-        racing atomics); 0.97-1.14x the default's time with the portable backward on the
-        H200 (PERFORMANCE.md; on the Hopper backward, not yet measured).
+        racing atomics): on the H200, 0.97-1.14x the default's time with the portable
+        backward, 1.19-1.48x with the Hopper backward (bf16 grid, PERFORMANCE.md).
     dq, dk, dv : optional preallocated outputs: C-contiguous, on a 16-byte boundary, sharing
         no memory with each other or with dout, q, k, v, out, lse.
 
