@@ -326,7 +326,7 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                             }
                             x = hook.alibi(x, dist0 + static_cast<float>(8 * nt + e1 - 8 * e2));
                             const float l = e1 ? l2[nt].y : l2[nt].x;
-                            pe[e1] = s_raw == -INFINITY ? 0.f
+                            pe[e1] = s_raw == CUFLASH_NEG_INF ? 0.f
                                                         : exp2_approx(fmaf(x, p.scale_log2, -l));
                             st[nt][2 * e2 + e1] = pe[e1] * dfactor;
                         }
