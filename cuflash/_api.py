@@ -1393,18 +1393,19 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         if not odd_d:  # (OddD kernels read rows element by element, as they are)
             dout, out = _aligned(cupy, dout), _aligned(cupy, out)
         # The Hopper backward where it covers the call (fa2_backward_sm90.cu: dense, d <= 128
-        # and a multiple of 8, no score hook), else the portable one below.
+        # and a multiple of 8; with softcap or ALiBi d <= 64), else the portable one below.
         hopper_tile = isinstance(config, _plan.Sm90BackwardConfig)
-        if (hopper_tile or config is None) and packed is None and \
-                not (hooked or odd_d) and _uses_sm90(cupy, device_id) and \
+        if (hopper_tile or config is None) and packed is None and not odd_d and \
+                _uses_sm90(cupy, device_id) and \
                 _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv,
-                               (causal, local, deterministic), features, scale, qkv_strides,
-                               config, scratch):
+                               (causal, local, deterministic, hooked), features, scale,
+                               qkv_strides, config, scratch):
             return dq, dk, dv
         if hopper_tile:
             raise ValueError(f"the Hopper backward tile {config} cannot run this call (it "
-                             "needs an sm_90 GPU, a dense batch, d <= 128 and a multiple of 8, "
-                             "no softcap or ALiBi, and TMA-describable q, k, v, dout)")
+                             "needs an sm_90 GPU, a dense batch, d <= 128 and a multiple of 8 "
+                             "(d <= 64 with softcap or ALiBi), and TMA-describable q, k, v, "
+                             "dout)")
         # The tile shape and the three compiled kernels, looked up once per configuration.
         def make_plan():
             max_smem, bulk = _max_smem(cupy, device_id), _has_bulk_copy(cupy, device_id)
@@ -1481,21 +1482,25 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
                    scale, qkv_strides, config=None, scratch=None) -> bool:
     """The Hopper backward (kernels/fa2_backward_sm90.cu): the padded preprocess, the main
     kernel (TMA loads of q, k, v, dout through tensor maps, wgmma, warp specialisation), the
-    dQ pass. kind: (causal, local, ordered), the kernel's mask and the deterministic mode;
-    features: the window's parameter fields (none without one). config: an explicit
-    Sm90BackwardConfig (the bench's), else the table's. Returns False, launching nothing,
-    where the head dim takes the portable backward or TMA cannot describe q, k, v or dout."""
-    causal, local, ordered = kind
+    dQ pass. kind: (causal, local, ordered, hooked), the kernel's mask, the deterministic mode
+    and the score hook;
+    features: the window's and the hook's parameter fields (none without them). config: an
+    explicit Sm90BackwardConfig (the bench's), else the table's. Returns False, launching
+    nothing, where the head dim (with the hook: SM90_HOOKED_BACKWARD_BUCKETS) takes the
+    portable backward or TMA cannot describe q, k, v or dout."""
+    causal, local, ordered, hooked = kind
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    cfg = config or _plan.sm90_backward_config(d, local, ordered)
-    if cfg is None:
-        return False
+    table = _plan.sm90_backward_config(d, local, ordered, hooked)
+    cfg = config or table
+    if table is None or cfg.HD != table.HD:  # (an explicit tile of another head-dim bucket:
+        return False                          # its kernel would not fit d)
     dtype_name = _dtype_name(q.dtype)
     plan, kernels, params = _prepared(
         _backward_launches, ("sm90", device_id, q.dtype, d, kind, cfg),
         _registry.FA2_BACKWARD_SM90,
-        lambda: _registry.sm90_backward_plan(dtype_name, d, causal, cfg, local, ordered))
+        lambda: _registry.sm90_backward_plan(dtype_name, d, causal, cfg, local, ordered,
+                                             hooked))
     pre, main, fin = kernels["pre"], kernels["main"], kernels["dq"]
     qs, ks, vs = qkv_strides
     dos = _strides(dout)
@@ -1638,7 +1643,7 @@ def _backward_scratch_bytes(q_shape, k_shape, causal, window_size, softcap, alib
     sms = _device_properties(cupy, device_id)["multiProcessorCount"]
     portable = _backward_scratch(cfg, deterministic, upper, batch, nheads, nheads_k, seqlen_q,
                                  seqlen_k, k_shape, sms, bound=True).nbytes
-    hopper = _plan.sm90_backward_config(d)  # (its scratch grows with the batch, linearly;
+    hopper = _plan.sm90_backward_config(d, hooked=hooked)  # (its scratch grows with the batch;
     # the same for every tile: B_r is 64 in all)
     if hopper is None or not _uses_sm90(cupy, device_id):
         return portable

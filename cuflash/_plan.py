@@ -646,9 +646,9 @@ def _table() -> dict:
     # causal with a window and the hook), where main's kernel had none.
     put("sm90a", "fwd_packed", 256, None, [_h(256, 64, 2, handover=False)])
 
-    # the Hopper backward (class sm90a, kernels/fa2_backward_sm90.cu): d <= 128, dense, without
-    # the score hook (the rest: the "sm90" rows above); the deterministic mode on the same
-    # tiles.
+    # the Hopper backward (class sm90a, kernels/fa2_backward_sm90.cu): d <= 128, dense (the
+    # score hook: d 64, SM90_HOOKED_BACKWARD_BUCKETS; the rest: the "sm90" rows above); the
+    # deterministic mode on the same tiles.
     # Two Q_i / dO_i slots (session 14: 0.91-1.01x cuDNN on the bf16 grid; at d 128 three
     # slots measured within 2.5% of two, both ways).
     for HD in (64, 128):
@@ -723,17 +723,21 @@ def sm90_forward_kernel_name(dtype_name: str, cfg: Sm90ForwardConfig, causal: bo
 
 SM90_FORWARD_FILE = "fa2_forward_sm90.cu"
 SM90_BACKWARD_FILE = "fa2_backward_sm90.cu"
-# The head-dim buckets of the Hopper backward (larger head dims run the portable one).
+# The head-dim buckets of the Hopper backward (larger head dims run the portable one), and
+# those with the score hook (softcap, ALiBi): at d 128 the hooked consumers spilled 8-88 bytes
+# (4-44 with L_i read inside the pass; clean only causal, not ordered, without a window:
+# compile check, session 14), so d 128 hooked calls stay portable.
 SM90_BACKWARD_BUCKETS = (64, 128)
+SM90_HOOKED_BACKWARD_BUCKETS = (64,)
 
 
-def sm90_backward_config(d: int, local: bool = False,
-                         ordered: bool = False) -> Sm90BackwardConfig | None:
+def sm90_backward_config(d: int, local: bool = False, ordered: bool = False,
+                         hooked: bool = False) -> Sm90BackwardConfig | None:
     """The Hopper backward's tile for head dim d (TILES, class "sm90a"; local, ordered: with a
-    sliding window, in the deterministic mode: "bwd_feat" where listed), or None where d takes
-    the portable backward."""
+    sliding window, in the deterministic mode: "bwd_feat" where listed; hooked: with the score
+    hook), or None where the call takes the portable backward."""
     HD = sm90_head_dim_bucket(d)
-    if HD not in SM90_BACKWARD_BUCKETS:
+    if HD not in (SM90_HOOKED_BACKWARD_BUCKETS if hooked else SM90_BACKWARD_BUCKETS):
         return None
     if (local or ordered) and ("sm90a", "bwd_feat", HD, False) in TILES:
         return TILES[("sm90a", "bwd_feat", HD, False)][0]
@@ -741,16 +745,19 @@ def sm90_backward_config(d: int, local: bool = False,
 
 
 def sm90_backward_names(dtype_name: str, cfg: Sm90BackwardConfig, causal: bool,
-                        local: bool = False, ordered: bool = False) -> dict:
+                        local: bool = False, ordered: bool = False,
+                        hooked: bool = False) -> dict:
     """The Hopper backward's three kernels by role: the preprocess and the dQ pass of
     backward_passes.cuh on its parameter struct, and the main kernel (local: a sliding
-    window's lower limit; ordered: the deterministic mode's fixed order of dQ additions)."""
+    window's lower limit; ordered: the deterministic mode's fixed order of dQ additions;
+    hooked: the score hook, softcap and ALiBi)."""
     T, P = ELEMENT_TAGS[dtype_name], "cuflash::Sm90BwdParams"
     mask = mask_type(causal, local)
+    extra = (f", {'true' if ordered else 'false'}, cuflash::ScoreHook" if hooked
+             else ", true" if ordered else "")
     return {"pre": f"cuflash::fa2_backward_preprocess<{T}, cuflash::DenseSeq, {P}, "
                    f"{cfg.B_r}>",
-            "main": f"cuflash::fa2_backward_sm90<{T}, {cfg.tile_type}, {mask}"
-                    f"{', true' if ordered else ''}>",
+            "main": f"cuflash::fa2_backward_sm90<{T}, {cfg.tile_type}, {mask}{extra}>",
             "dq": f"cuflash::fa2_backward_dq_bulk<{T}, {cfg.tile_type}, {mask}, "
                   f"cuflash::DenseSeq, {P}>"}
 # NVRTC / nvcc target of the Hopper kernels: wgmma and setmaxnreg need the "a" variant.

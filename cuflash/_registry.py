@@ -193,14 +193,16 @@ FA2_BACKWARD = Variant("fa2_backward", _plan.BACKWARD_FILE, _params.BWD, ("80", 
 # ---- FA2 backward on Hopper (sm_90a: TMA, wgmma, warp specialisation) -------------------------
 
 def sm90_backward_plan(dtype_name: str, d: int, causal: bool, config=None,
-                       local: bool = False, ordered: bool = False) -> Plan | None:
+                       local: bool = False, ordered: bool = False,
+                       hooked: bool = False) -> Plan | None:
     """The Hopper backward's three kernels for head dim d (config: an explicit
     Sm90BackwardConfig, the bench's; local: with a window's lower limit; ordered: the
-    deterministic mode's), or None where d takes the portable backward."""
-    cfg = config or _plan.sm90_backward_config(d, local, ordered)
+    deterministic mode's; hooked: with the score hook), or None where the call takes the
+    portable backward."""
+    cfg = config or _plan.sm90_backward_config(d, local, ordered, hooked)
     if cfg is None:
         return None
-    return Plan(cfg, _plan.sm90_backward_names(dtype_name, cfg, causal, local, ordered),
+    return Plan(cfg, _plan.sm90_backward_names(dtype_name, cfg, causal, local, ordered, hooked),
                 {"pre": 0, "main": cfg.smem_bytes, "dq": 0})
 
 
@@ -214,9 +216,10 @@ def sm90_backward_grid(cfg, seqlen_k: int, nheads_k: int, batch: int, causal: bo
 
 def _sm90_backward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False,
                          packed=False) -> list:
-    if hooked or packed or HD not in _plan.SM90_BACKWARD_BUCKETS:
+    if packed or HD not in (_plan.SM90_HOOKED_BACKWARD_BUCKETS if hooked
+                            else _plan.SM90_BACKWARD_BUCKETS):
         return []
-    return [sm90_backward_plan(dt, HD, causal, local=local, ordered=ordered)
+    return [sm90_backward_plan(dt, HD, causal, local=local, ordered=ordered, hooked=hooked)
             for ordered in (False, True)]
 
 

@@ -192,6 +192,49 @@ def nvrtc_compile(filename: str, names: list[str], arch: str) -> None:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
+def _template_leaves(name: str) -> list[tuple[str, str]]:
+    """(position, text) of each leaf template argument of a specialisation's name, nested
+    arguments included: "k<A, T<1, 2>>" gives ("0", "A"), ("1.0", "1"), ("1.1", "2")."""
+    leaves = []
+    index = []    # the argument's index at each open level
+    nested = []   # whether the current argument of each level holds a template of its own
+    start = 0
+    for i, c in enumerate(name):
+        if c == "<":
+            if nested:
+                nested[-1] = True
+            index.append(0)
+            nested.append(False)
+        elif c in ",>":
+            if not nested[-1]:
+                leaves.append((".".join(map(str, index)), name[start:i].strip()))
+            if c == ",":
+                index[-1] += 1
+                nested[-1] = False
+            else:
+                index.pop()
+                nested.pop()
+        else:
+            continue
+        start = i + 1
+    return leaves
+
+
+def covering_specialisations(names: list[str]) -> list[str]:
+    """A few of `names` in which every kernel meets every value of each of its template
+    arguments at least once (greedy set cover): what one specialisation per kernel misses,
+    such as a code path only one score hook compiles, is compiled by some name here."""
+    features = {n: {(n.split("<")[0], pos, text) for pos, text in _template_leaves(n)}
+                for n in names}
+    left = set().union(*features.values()) if features else set()
+    chosen = []
+    while left:
+        best = max(names, key=lambda n: len(features[n] & left))
+        chosen.append(best)
+        left -= features[best]
+    return chosen
+
+
 def check_all(archs=ARCHS, nvcc: str | None = None) -> list[KernelReport]:
     nvcc = nvcc or find_nvcc()
     if nvcc is None:

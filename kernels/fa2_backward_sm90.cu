@@ -9,8 +9,8 @@
 //       dP_ij = dO_i V_j^T
 //       dS_ij = P_ij ∘ (dP_ij - D_i)            D = rowsum(dO ∘ O), backward_passes.cuh
 //       dK_j += dS_ij^T Q_i                     (times scale at the end)
-//       dQ_i += dS_ij K_j                       (float32 bulk additions into dQ_accum; times
-//                                                scale in fa2_backward_dq_bulk)
+//       dQ_i += dS_ij K_j                       (float32 additions into dQ_accum; times scale
+//                                                in fa2_backward_dq_bulk)
 // The step is under "one step: row block i" below.
 //
 // Transposed products. wgmma's M is 64 rows of a warpgroup, and dK_j, dV_j are what stays in
@@ -24,9 +24,10 @@
 // (64 keys x B_r queries) to shared memory, and wgmma reads dS from there transposed (M-major;
 // Wgmma::ss_mn), with K_j N-major. Its 64-column groups of the head dim go to the consumers in
 // turn ((step + group) % 2), so each does at most one group per step (d 128: one each; d 64:
-// every other step), and the group's float32 tile goes through shared memory to one bulk
-// reduction (cp.reduce.async.bulk .add.f32) into dQ_accum, in fragment order
-// (fa2_backward_dq_bulk undoes it), while the next step computes.
+// every other step). The group's float32 tile is added into dQ_accum in fragment order
+// (fa2_backward_dq_bulk undoes it): by 16-byte reductions straight from the registers, or
+// through shared memory by one bulk reduction (cp.reduce.async.bulk .add.f32) that runs while
+// the next step computes, per kernel as measured (DQ_RED below; the ordered mode: bulk).
 //
 // Work split (warpgroups of 128 threads):
 //   warpgroup 0, the producer: thread 0 issues the loads (K_j and V_j once, then Q_i, dO_i
@@ -44,14 +45,16 @@
 // Variants (template parameters; cuflash/_plan.py picks them): T (fp16 | bf16), Tile =
 // BackwardTileSm90<HD, STAGES> (HD the head dim padded to 64 or 128), MaskT = Mask<CAUSAL,
 // LOCAL> (LOCAL: a sliding window's lower limit; ring attention's shifted blocks come as
-// windows too), ORDERED (the deterministic mode: dQ's additions in a fixed order). The score
-// hook, variable-length batches and d > 128 run on the portable backward (cuflash/_api.py).
+// windows too), ORDERED (the deterministic mode: dQ's additions in a fixed order), ScoreT
+// (ScoreScale | ScoreHook, score.cuh: softcap and ALiBi). Variable-length batches, d > 128 and
+// the score hook above d 64 run on the portable backward (cuflash/_api.py).
 #include "common.cuh"
 #include "hopper.cuh"
 #include "params.cuh"
 #include "seqinfo.cuh"
 #include "mask.cuh"
 #include "block_range.cuh"
+#include "score.cuh"
 #include "backward_passes.cuh"
 
 namespace cuflash {
@@ -66,8 +69,9 @@ struct BackwardTileSm90 {
     static constexpr int NT_D = HD / 8;     // n8 tiles across dK_j, dV_j (64 keys x HD)
     // Shared memory (bytes), each tile on a 1024-byte boundary: K_j, V_j; STAGES x (Q_i,
     // dO_i); two buffers of both consumers' dS^T (step i writes buffer i % 2: the other
-    // consumer may still read the last step's); one float32 dQ group tile per consumer; then
-    // STAGES x (L_i, D_i) and the mbarriers; 1024 more for the alignment.
+    // consumer may still read the last step's); one float32 dQ group tile per consumer (the
+    // bulk path's; unused where DQ_RED); then STAGES x (L_i, D_i) and the mbarriers and the
+    // ordered mode's ticket; 1024 more for the alignment.
     static constexpr int KV_BYTES = B_c * HD * 2;   // one of K_j, V_j
     static constexpr int ROW_BYTES = B_r * HD * 2;  // one of Q_i, dO_i
     static constexpr int DS_BYTES = 64 * B_r * 2;   // one consumer's dS^T
@@ -99,7 +103,8 @@ struct BackwardTileSm90 {
     static_assert(STAGES >= 2, "at least two Q_i / dO_i slots");
 };
 
-template <typename T, typename Tile, typename MaskT, bool ORDERED = false>
+template <typename T, typename Tile, typename MaskT, bool ORDERED = false,
+          typename ScoreT = ScoreScale>
 __global__ void __launch_bounds__(Tile::NTHREADS, 1)
 fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, STAGES = Tile::STAGES;
@@ -229,20 +234,32 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         }
         wgmma_commit();
     };
-    // acc += A B, A = `s` (an accumulator of S^T's shape: P^T or dS^T) packed into the A
-    // fragments `a` (n8 tiles 2 kk, 2 kk + 1 are k-step kk's), B the B_r rows of dO_i or Q_i
-    // (b_rows), N-major: B_r / 16 k-steps of m64 n HD k16, k-step kk 16 rows down
-    auto issue_registers_by_rows = [&](float (&acc)[NT_D][4], unsigned (&a)[B_r / 16][4],
-                                       const float (&s)[NT_S][4], unsigned b_rows) {
-#pragma unroll
-        for (int kk = 0; kk < B_r / 16; ++kk) pack_a_fragment<T>(a[kk], s, kk);
+    // acc += A B, A the A fragments `a` of an accumulator of S^T's shape (P^T or dS^T; n8
+    // tiles 2 kk, 2 kk + 1 are k-step kk's), B the B_r rows of dO_i or Q_i (b_rows), N-major:
+    // B_r / 16 k-steps of m64 n HD k16, k-step kk 16 rows down
+    auto issue_packed_by_rows = [&](float (&acc)[NT_D][4], const unsigned (&a)[B_r / 16][4],
+                                    unsigned b_rows) {
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < B_r / 16; ++kk)
             Wgmma<T, HD>::rs(acc, a[kk], smem_desc(b_rows + kk * 16 * 128, B_r * 128, 1024), 1);
         wgmma_commit();
     };
+    // the same with A = `s`, packed into `a` first
+    auto issue_registers_by_rows = [&](float (&acc)[NT_D][4], unsigned (&a)[B_r / 16][4],
+                                       const float (&s)[NT_S][4], unsigned b_rows) {
+#pragma unroll
+        for (int kk = 0; kk < B_r / 16; ++kk) pack_a_fragment<T>(a[kk], s, kk);
+        issue_packed_by_rows(acc, a, b_rows);
+    };
 
+    // How dQ_ij reaches dQ_accum. DQ_RED: 16-byte vector reductions from the registers. Else
+    // through shared memory and one bulk reduction per group (the ordered mode's way: a bulk
+    // operation's completion can be awaited). Measured on the H200 (session 14, bf16): the
+    // reductions 5-10% faster at d 64 and 1-3% causal at d 128, but 4-10% slower at d 128
+    // non-causal, where every column block of a head adds into the same row block at once,
+    // two groups per step.
+    constexpr bool DQ_RED = !ORDERED && (GROUPS < CONSUMERS || MaskT::CAUSAL);
     int* turn = nullptr;  // ORDERED (a warpgroup's thread 0): its last reduction's counter
     float dv[NT_D][4], dk[NT_D][4];  // dV_j, dK_j: this consumer's 64 keys x HD
     zero(dv);
@@ -259,30 +276,87 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         wgmma_fence();
         issue_rows_by_rows(st, k_rows, sQ(stage));
         issue_rows_by_rows(dpt, v_rows, sdO(stage));
+        // L_i log2 e along the columns (this lane's queries 8 nt + 2 (lane % 4) + e1), read
+        // while the products run: read after the wait, these loads queued behind the
+        // products' own shared-memory reads and the first exponent waited on them (ncu,
+        // session 14). (Not with a window in the ordered mode: 4 bytes spilled there at d 128.)
+        Float2 l2[NT_S];
+        auto load_l2 = [&] {
+            const float* L2 = reinterpret_cast<const float*>(generic(sL(stage)));
+#pragma unroll
+            for (int nt = 0; nt < NT_S; ++nt)
+                l2[nt] = *reinterpret_cast<const Float2*>(L2 + nt * 8 + (lane % 4) * 2);
+        };
+        constexpr bool EARLY_L = !(ORDERED && MaskT::LOCAL);
+        if constexpr (EARLY_L) load_l2();
         wgmma_wait<1>();  // S^T is done (dP^T may still run)
         fence_accumulators(st);
+        if constexpr (!EARLY_L) load_l2();
 
         // P^T = exp2(scale_log2 S^T - L_i log2 e): mask (mask.cuh) on blocks that cross a
-        // limit; L_i along the columns (this lane's queries 8 nt + 2 (lane % 4) + e1)
+        // limit
         if (block_needs_mask<B_r, B_c>(mask, i, j))
             mask_fragment_transposed(mask, st, key_lane, i * B_r, lane);
-        const float* L2 = reinterpret_cast<const float*>(generic(sL(stage)));
-#pragma unroll
-        for (int nt = 0; nt < NT_S; ++nt) {
-            const Float2 l2 = *reinterpret_cast<const Float2*>(L2 + nt * 8 + (lane % 4) * 2);
-#pragma unroll
-            for (int e2 = 0; e2 < 2; ++e2) {
-                st[nt][2 * e2] = exp2_approx(fmaf(st[nt][2 * e2], p.scale_log2, -l2.x));
-                st[nt][2 * e2 + 1] = exp2_approx(fmaf(st[nt][2 * e2 + 1], p.scale_log2, -l2.y));
-            }
-        }
-        // dV_j += P^T dO_i: P^T from registers, dO_i N-major
         unsigned pa[B_r / 16][4];
-        issue_registers_by_rows(dv, pa, st, sdO(stage));
+        if constexpr (ScoreT::REWRITES) {
+            // With the score hook (score.cuh), each element in one pass: S^T hooked (hidden
+            // ones, -inf, give P = 0), P^T, packed into dV's A fragments, and in st
+            // P^T times the hook's derivative (the softcap's 1 - tanh^2), all that dS needs
+            // of it: no array beside st for the derivative (a second one spilled at d 128).
+            // ALiBi's distance of element e of n8 tile nt: query 8 nt + e % 2, key
+            // 8 (e / 2) past the lane's first (dist0), compile-time offsets.
+            const ScoreT hook(p, batch, h);  // (this step's query head)
+            const float dist0 = hook.template diagonal<shifted_diagonal<DenseSeq, MaskT>()>(
+                p, i * B_r + 2 * (lane % 4), key_lane, seqlen_q, seqlen_k);
+            auto hooked = [&](auto softcap) {
+                constexpr bool SOFTCAP = decltype(softcap)::value;
+#pragma unroll
+                for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+                    for (int e2 = 0; e2 < 2; ++e2) {
+                        float pe[2];
+#pragma unroll
+                        for (int e1 = 0; e1 < 2; ++e1) {
+                            const float s_raw = st[nt][2 * e2 + e1];
+                            float x = s_raw, dfactor = 1.f;
+                            if constexpr (SOFTCAP) {
+                                const float th = ScoreHook::softcap_tanh(s_raw, p.softcap_in);
+                                x = p.softcap_out * th;
+                                dfactor = 1.f - th * th;
+                            }
+                            x = hook.alibi(x, dist0 + static_cast<float>(8 * nt + e1 - 8 * e2));
+                            const float l = e1 ? l2[nt].y : l2[nt].x;
+                            pe[e1] = s_raw == CUFLASH_NEG_INF ? 0.f
+                                                        : exp2_approx(fmaf(x, p.scale_log2, -l));
+                            st[nt][2 * e2 + e1] = pe[e1] * dfactor;
+                        }
+                        pa[nt / 2][2 * (nt % 2) + e2] = T::pack(pe[0], pe[1]);
+                    }
+            };
+            if (p.softcap_in != 0.f)  // (uniform: tested once, each variant one straight loop)
+                hooked(Int<1>{});
+            else
+                hooked(Int<0>{});
+            // dV_j += P^T dO_i: P^T from registers, dO_i N-major
+            issue_packed_by_rows(dv, pa, sdO(stage));
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT_S; ++nt) {
+#pragma unroll
+                for (int e2 = 0; e2 < 2; ++e2) {
+                    st[nt][2 * e2] = exp2_approx(fmaf(st[nt][2 * e2], p.scale_log2, -l2[nt].x));
+                    st[nt][2 * e2 + 1] =
+                        exp2_approx(fmaf(st[nt][2 * e2 + 1], p.scale_log2, -l2[nt].y));
+                }
+            }
+            // dV_j += P^T dO_i: P^T from registers, dO_i N-major
+            issue_registers_by_rows(dv, pa, st, sdO(stage));
+        }
         wgmma_wait<1>();  // dP^T is done (dV may still run)
         fence_accumulators(dpt);
 
-        // dS^T = P^T ∘ (dP^T - D_i), D_i along the columns
+        // dS^T = P^T ∘ (dP^T - D_i), D_i along the columns (with the hook, st holds P^T times
+        // its derivative)
         const float* D = reinterpret_cast<const float*>(generic(sD(stage)));
 #pragma unroll
         for (int nt = 0; nt < NT_S; ++nt) {
@@ -310,18 +384,16 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                 *reinterpret_cast<unsigned*>(ds_tile + r * 128 + ((nt ^ (r % 8)) * 16) +
                                              (lane % 4) * 4) = dsa[nt / 2][2 * (nt % 2) + e2];
             }
-        // This consumer's dQ tile is free again once its last bulk reduction has read it;
-        // ORDERED: once that reduction has completed, its turn passes on.
-        if (tid % 128 == 0) {
-            if constexpr (ORDERED) {
-                if (turn) {
-                    bulk_wait();
-                    add_counter(turn);
-                    turn = nullptr;
-                }
-            } else {
-                bulk_wait_read<0>();
+        // This consumer's dQ tile is free again once its last bulk operation has read it;
+        // ORDERED: once that operation has completed, its turn passes on.
+        if constexpr (ORDERED) {
+            if (tid % 128 == 0 && turn) {
+                bulk_wait();
+                add_counter(turn);
+                turn = nullptr;
             }
+        } else if constexpr (!DQ_RED) {
+            if (tid % 128 == 0) bulk_wait_read<0>();
         }
         fence_proxy_async_shared();     // (the dS^T stores, for wgmma's reads)
         named_barrier_sync(1, 256);     // both consumers' dS^T are in
@@ -350,39 +422,49 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         release(free_slot(stage));
         if (dq_mine) {
             fence_accumulators(dq);
-            // dQ_ij's group g, float32 in fragment order (16-byte stores, conflict-free), then
-            // one bulk reduction into row block i of dQ_accum (batch, heads, T_r, B_r x HD)
-            unsigned char* q_tile = generic(sdQ(wg));
+            const long long row_block = ((long long)batch * nheads + h) * T_r + i;
+            float* dst = p.dq_accum + row_block * (B_r * HD) + g * (B_r * 64);
+            if constexpr (DQ_RED) {
+                // dQ_ij's group g added into row block i of dQ_accum (batch, heads, T_r,
+                // B_r x HD) straight from the registers, in fragment order: one 16-byte
+                // reduction per n8 tile, a warp's 32 contiguous in 512 bytes (no staging, no
+                // barrier: the next step's products start at once)
+                float* mine = dst + (warp * 8 * 32 + lane) * 4;
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-                *reinterpret_cast<Float4*>(q_tile + (((warp * 8 + nt) * 32 + lane) * 16)) =
-                    Float4{dq[nt][0], dq[nt][1], dq[nt][2], dq[nt][3]};
-            fence_proxy_async_shared();
-            named_barrier_sync(2 + wg, 128);
-            if (tid % 128 == 0) {
-                const long long row_block = ((long long)batch * nheads + h) * T_r + i;
-                float* dst = p.dq_accum + row_block * (B_r * HD) + g * (B_r * 64);
-                if constexpr (ORDERED) {  // (see the grid above)
-                    const int rank = column_blocks<B_r, B_c>(mask, i).end - 1 - j;
-                    // (rank < 0: row_blocks can hand a block a padded last row block that
-                    // sees none of its keys, with a window's right side below zero, from
-                    // ring attention's shifts: its dQ_ij is 0 and it takes no turn)
-                    if (rank >= 0) {
+                for (int nt = 0; nt < 8; ++nt)
+                    red_add_f32x4(true, mine + nt * 32 * 4, dq[nt][0], dq[nt][1], dq[nt][2],
+                                  dq[nt][3]);
+            } else {
+                // The group to shared memory in the same order, then one bulk reduction
+                // (ORDERED: one bulk operation, whose completion hands the turn on, see the
+                // grid above)
+                unsigned char* q_tile = generic(sdQ(wg));
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt)
+                    *reinterpret_cast<Float4*>(q_tile + (((warp * 8 + nt) * 32 + lane) * 16)) =
+                        Float4{dq[nt][0], dq[nt][1], dq[nt][2], dq[nt][3]};
+                fence_proxy_async_shared();
+                named_barrier_sync(2 + wg, 128);
+                if (tid % 128 == 0) {
+                    // rank: ORDERED, this addition's place in its row block's order (0 stores;
+                    // < 0: row_blocks can hand a block a padded last row block that sees none
+                    // of its keys, with a window's right side below zero, from ring
+                    // attention's shifts: its dQ_ij is 0 and it takes no turn); else 1, add
+                    const int rank = ORDERED ? column_blocks<B_r, B_c>(mask, i).end - 1 - j : 1;
+                    if (ORDERED && rank >= 0) {
                         turn = p.dq_order + row_block;
                         wait_counter_at_least(turn, GROUPS * rank);
-                        if (rank == 0)
-                            bulk_store(dst, sdQ(wg), Tile::DQ_BYTES);
-                        else
-                            bulk_reduce_add_f32(dst, sdQ(wg), Tile::DQ_BYTES);
                     }
-                } else {
-                    bulk_reduce_add_f32(dst, sdQ(wg), Tile::DQ_BYTES);
+                    if (ORDERED && rank == 0)
+                        bulk_store(dst, sdQ(wg), Tile::DQ_BYTES);
+                    else if (rank > 0)
+                        bulk_reduce_add_f32(dst, sdQ(wg), Tile::DQ_BYTES);
                 }
             }
         }
     }
-    if (tid % 128 == 0) {
-        bulk_wait();  // the last reduction has read its source (and completed)
+    if (!DQ_RED && tid % 128 == 0) {
+        bulk_wait();  // the last bulk operation has read its source (and completed)
         if (ORDERED && turn) add_counter(turn);
     }
 

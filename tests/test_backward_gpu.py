@@ -100,8 +100,9 @@ def test_backward_fully_masked_rows(dt, family):
 
 def test_hopper_backward_is_the_default_on_sm90(monkeypatch):
     """On an sm_90 GPU backward() runs the Hopper family for a call it covers (dense, d <= 128,
-    windows and the deterministic mode included, no hook), and the portable one under
-    portable_kernels(), for d 256 and with the softcap; accurate both ways."""
+    windows and the deterministic mode included; with the softcap or ALiBi d <= 64), and the
+    portable one under portable_kernels(), for d 256 and with the softcap at d 128; accurate
+    both ways."""
     if cp.cuda.Device().compute_capability != "90":
         pytest.skip("not an sm_90 GPU: the Hopper backward does not run here")
     taken = []
@@ -111,7 +112,10 @@ def test_hopper_backward_is_the_default_on_sm90(monkeypatch):
     for d, expected, features in ((64, [True], {}), (128, [True], {}), (256, [False], {}),
                                   (128, [True], {"window_size": (50, 0)}),
                                   (128, [True], {"deterministic": True}),
-                                  (64, [], {"softcap": 20.0})):
+                                  (64, [True], {"softcap": 20.0}),
+                                  (64, [True], {"alibi_slopes": cp.full((4,), 0.25,
+                                                                        dtype=cp.float32)}),
+                                  (128, [False], {"softcap": 20.0})):
         taken.clear()
         check_gradients(*make_inputs(2, 300, 333, 4, 2, d, DTYPES["bf16"]), True, **features)
         assert taken == expected, (d, features, taken)
@@ -201,7 +205,8 @@ def test_deterministic_with_atomics(d, causal):
 def test_backward_sliding_windows(window, causal, deterministic, family):
     """Gradients with sliding windows, odd lengths both ways, GQA; the deterministic mode's
     dQ pass with row blocks that no key block reaches."""
-    for sq, sk, d, dt in ((259, 531, 64, "bf16"), (400, 161, 128, "fp16")):
+    for sq, sk, d, dt in ((259, 531, 64, "bf16"), (400, 161, 64, "fp16"),
+                          (400, 161, 128, "fp16")):
         q, k, v, dout = make_inputs(1, sq, sk, 4, 2, d, DTYPES[dt])
         check_gradients(q, k, v, dout, causal, deterministic, window_size=window)
 
@@ -210,10 +215,12 @@ def test_backward_sliding_windows(window, causal, deterministic, family):
                                            (5.0, True)], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_backward_softcap_and_alibi(softcap, alibi, causal, deterministic):
-    """Gradients through the score hook (the softcap's 1 - tanh^2; ALiBi's bias has none)."""
+def test_backward_softcap_and_alibi(softcap, alibi, causal, deterministic, family):
+    """Gradients through the score hook (the softcap's 1 - tanh^2; ALiBi's bias has none); on
+    an sm_90 GPU the d 64 case runs the Hopper backward's hooked kernel by default."""
     rng = np.random.default_rng(3)
-    for sq, sk, d, dt in ((259, 531, 64, "bf16"), (400, 161, 128, "fp16")):
+    for sq, sk, d, dt in ((259, 531, 64, "bf16"), (400, 161, 64, "fp16"),
+                          (400, 161, 128, "fp16")):
         q, k, v, dout = make_inputs(2, sq, sk, 4, 2, d, DTYPES[dt], scale_q=3.0)
         slopes = cp.asarray(rng.uniform(0.01, 0.5, (2, 4)).astype(np.float32)) if alibi \
             else None

@@ -609,9 +609,10 @@ def test_sm90_backward_packs_one_struct_for_its_three_kernels(fake, causal, d, d
 
 
 def test_sm90_backward_leaves_other_calls_to_the_portable_one(fake):
-    """d 256, the softcap, ALiBi, d 59: the portable backward, on an sm_90 GPU too."""
+    """d 256, the softcap or ALiBi at d 128, d 59: the portable backward, on an sm_90 GPU
+    too."""
     slopes = FakeArray(np.full((2,), 0.5, np.float32))
-    for d, kwargs in ((256, {}), (64, {"softcap": 20.0}), (64, {"alibi_slopes": slopes}),
+    for d, kwargs in ((256, {}), (128, {"softcap": 20.0}), (128, {"alibi_slopes": slopes}),
                       (59, {})):
         q, k, v = _qkv(1, 200, 200, 2, 2, d)
         dout = FakeArray(np.ones(q.shape, np.float16))
@@ -620,6 +621,34 @@ def test_sm90_backward_leaves_other_calls_to_the_portable_one(fake):
         del fake[:]
         _api.backward(dout, q, k, v, out, lse, causal=True, **kwargs)
         assert "fa2_backward<" in fake[1][0], (d, kwargs)
+
+
+def test_sm90_backward_takes_the_hook_at_d64(fake):
+    """The softcap and ALiBi at d <= 64 run the Hopper backward's hooked kernel, the hook's
+    fields in its struct (softcap 20: softcap_in = scale / 20, softcap_out = 20 / scale; the
+    slopes' pointer), deterministic or not."""
+    slopes = FakeArray(np.full((2,), 0.5, np.float32))
+    for kwargs in ({"softcap": 20.0}, {"alibi_slopes": slopes},
+                   {"softcap": 20.0, "alibi_slopes": slopes, "deterministic": True}):
+        q, k, v = _qkv(1, 200, 200, 2, 2, 64)
+        dout = FakeArray(np.ones(q.shape, np.float16))
+        out = FakeArray(np.ones(q.shape, np.float16))
+        lse = FakeArray(np.zeros((1, 2, 200), np.float32))
+        del fake[:]
+        _api.backward(dout, q, k, v, out, lse, causal=True, **kwargs)
+        ordered = kwargs.get("deterministic", False)
+        cfg = _plan.sm90_backward_config(64, ordered=ordered, hooked=True)
+        main = fake[1]
+        assert main[0] == _plan.sm90_backward_names("float16", cfg, True, ordered=ordered,
+                                                    hooked=True)["main"], kwargs
+        assert main[0].endswith(", cuflash::ScoreHook>")
+        p, scale = main[4], 64 ** -0.5
+        if "softcap" in kwargs:
+            assert p["softcap_in"] == pytest.approx(scale / 20.0)
+            assert p["softcap_out"] == pytest.approx(20.0 / scale)
+        else:
+            assert p["softcap_in"] == 0.0
+        assert p["alibi_slopes"] == (slopes.data.ptr if "alibi_slopes" in kwargs else 0)
 
 
 def test_registry_lists_every_variant_source():
