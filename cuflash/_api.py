@@ -1508,7 +1508,9 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
                      (cfg.B_r, cfg.B_c, cfg.B_c, cfg.B_r), bind=main.bind_thread)
     if maps is None:
         return False
-    grid = _registry.sm90_backward_grid(cfg, seqlen_k, nheads_k, batch, causal, ordered)
+    grid = _registry.sm90_backward_grid(
+        cfg, seqlen_k, nheads_k, batch, causal, ordered, seqlen_q, nheads // nheads_k,
+        int(_device_properties(cupy, device_id)["multiProcessorCount"]))
     s_ = _scratch_arrays(cupy, _sm90_backward_scratch(cfg, batch, nheads, nheads_k, seqlen_q,
                                                       ordered), scratch)
     lanes = _preprocess_lanes(d)

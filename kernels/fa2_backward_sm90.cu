@@ -142,16 +142,20 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     // dQ groups per step: each group's reduction counts once it has completed). A block takes
     // j = T_c - 1 - x for a ticket x drawn from its (batch, kv head)'s counter when it starts,
     // so that it waits only on blocks that started before it (CUDA promises no start order).
-    // Non-causal, the grid is (kv heads, batch, T_c), so that the blocks of one (batch, kv
-    // head), which all start at row block 0, start far apart instead of trailing each other by
-    // one step.
+    // Non-causal, the grid is (H, T_c, batch x kv heads / H): the (batch, kv head) pairs f =
+    // blockIdx.z H + blockIdx.x in groups of H, a group's blocks started column rank by column
+    // rank, so that about SMs / H blocks of each pair run at once. Those share Q_i, dO_i and
+    // dQ_accum's row blocks in L2 but trail each other by a turn, as all start at row block 0;
+    // the host picks H (_registry.ordered_wave_heads). H = all pairs: every pair's block x
+    // starts before any block x + 1 (no trailing, but nothing shared in L2: ncu, session 15).
     constexpr bool BY_HEAD = ORDERED && !MaskT::CAUSAL;
-    const int head_k = BY_HEAD ? blockIdx.x : blockIdx.y;
-    const int batch = BY_HEAD ? blockIdx.y : blockIdx.z;
-    int j = BY_HEAD ? blockIdx.z : blockIdx.x;
+    const int kv_heads = nheads / p.group, f = blockIdx.z * gridDim.x + blockIdx.x;
+    const int head_k = BY_HEAD ? f % kv_heads : blockIdx.y;
+    const int batch = BY_HEAD ? f / kv_heads : blockIdx.z;
+    int j = blockIdx.x;
     if constexpr (ORDERED) {
         if (tid == 0) {
-            const int nbatch = BY_HEAD ? gridDim.y : gridDim.z;
+            const int nbatch = BY_HEAD ? gridDim.x * gridDim.z / kv_heads : gridDim.z;
             int* tickets = p.dq_order + (long long)nbatch * nheads * T_r;  // (after the turns)
             *reinterpret_cast<int*>(generic(sTicket)) =
                 atomicAdd(tickets + batch * (nheads / p.group) + head_k, 1);

@@ -570,7 +570,8 @@ def test_sm90_backward_packs_one_struct_for_its_three_kernels(fake, causal, d, d
     preprocess, the main kernel over (column blocks, kv heads, batch) with four tensor maps
     (q, k, v, dout at their own addresses and strides), the dQ pass; one struct, its scratch
     (padded D and L log2 e, the dQ sums; deterministic: the turn and ticket counters, and the
-    grid (kv heads, batch, column blocks) without the causal mask) carved from a given arena
+    grid (H, column blocks, pairs / H) over the 4 (batch, kv head) pairs without the causal
+    mask, here H = 4) carved from a given arena
     of the size _backward_scratch_bytes predicts."""
     q, k, v = _qkv(2, 333, 517, 8, 2, d)
     dout, out = FakeArray(np.ones(q.shape, np.float16)), FakeArray(np.ones(q.shape, np.float16))
@@ -585,7 +586,7 @@ def test_sm90_backward_packs_one_struct_for_its_three_kernels(fake, causal, d, d
     names = _plan.sm90_backward_names("float16", cfg, causal, ordered=deterministic)
     assert (pre[0], main[0], fin[0]) == (names["pre"], names["main"], names["dq"])
     T_c = -(-517 // cfg.B_c)
-    assert main[1] == ((2, 2, T_c) if deterministic and not causal else (T_c, 2, 2))
+    assert main[1] == ((4, T_c, 1) if deterministic and not causal else (T_c, 2, 2))
     assert main[2] == 384
     assert main[3] == cfg.smem_bytes
     rows = -(-333 // 64) * 64

@@ -158,6 +158,27 @@ def test_backward_grid_by_mode():
         _registry.backward_grid(70000, 1, 1, False, True)
 
 
+
+def test_ordered_wave_heads():
+    """The Hopper backward's ordered non-causal grid: H (batch, kv head) pairs at once, a
+    divisor of the pairs, about steps / 8 blocks of each pair running together (at least 2)."""
+    from cuflash import _plan
+    assert _registry.ordered_wave_heads(128, 32, 132) == 64     # 4 ranks: H >= 33
+    assert _registry.ordered_wave_heads(128, 64, 132) == 32     # 8 ranks: H >= 17
+    assert _registry.ordered_wave_heads(128, 256, 132) == 8     # 32 ranks: H >= 5
+    assert _registry.ordered_wave_heads(127, 64, 132) == 127    # prime: all pairs at once
+    assert _registry.ordered_wave_heads(4, 24, 132) == 4        # fewer pairs than the target
+    assert _registry.ordered_wave_heads(1, 10**4, 132) == 1
+    cfg = _plan.sm90_backward_config(128, ordered=True)
+    T_c = -(-2048 // cfg.B_c)
+    assert _registry.sm90_backward_grid(cfg, 2048, 16, 8, False, True, 2048, 1, 132) == \
+        (64, T_c, 2)
+    assert _registry.sm90_backward_grid(cfg, 2048, 16, 8, True, True, 2048, 1, 132) == \
+        (T_c, 16, 8)
+    assert _registry.sm90_backward_grid(cfg, 2048, 16, 8, False, False, 2048, 1, 132) == \
+        (T_c, 16, 8)
+
+
 def test_backward_tile_pitch():
     """Head dims that are not whole 64-element swizzle groups get a 64-multiple row pitch in
     shared memory when the layout splits them across warps, and count it in smem_bytes."""
