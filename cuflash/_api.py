@@ -1509,7 +1509,7 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
     if maps is None:
         return False
     grid = _registry.sm90_backward_grid(
-        cfg, seqlen_k, nheads_k, batch, causal, ordered, seqlen_q, nheads // nheads_k,
+        cfg, seqlen_k, nheads_k, batch, causal, ordered,
         int(_device_properties(cupy, device_id)["multiProcessorCount"]))
     s_ = _scratch_arrays(cupy, _sm90_backward_scratch(cfg, batch, nheads, nheads_k, seqlen_q,
                                                       ordered), scratch)

@@ -207,8 +207,7 @@ def sm90_backward_plan(dtype_name: str, d: int, causal: bool, config=None,
 
 
 def sm90_backward_grid(cfg, seqlen_k: int, nheads_k: int, batch: int, causal: bool = False,
-                       ordered: bool = False, seqlen_q: int = 0, group: int = 1,
-                       sms: int = 132) -> tuple:
+                       ordered: bool = False, sms: int = 132) -> tuple:
     """(column blocks, kv heads, batch): one thread block per column block of B_c keys, which
     walks every query head of its kv head's group. Ordered without the causal mask, (H, column
     blocks, batch x kv heads / H): the (batch, kv head) pairs in groups of H
@@ -218,25 +217,24 @@ def sm90_backward_grid(cfg, seqlen_k: int, nheads_k: int, batch: int, causal: bo
     if not (ordered and not causal):
         return backward_grid(T_c, nheads_k, batch, causal, ordered)
     backward_grid(T_c, nheads_k, batch, causal, ordered)  # (its limit on T_c)
-    steps = -(-seqlen_q // cfg.B_r) * group
-    H = ordered_wave_heads(batch * nheads_k, steps, sms)
+    H = ordered_wave_heads(batch * nheads_k, sms)
     return (H, T_c, batch * nheads_k // H)
 
 
-def ordered_wave_heads(pairs: int, steps: int, sms: int) -> int:
+def ordered_wave_heads(pairs: int, sms: int) -> int:
     """The deterministic Hopper backward without the causal mask: how many of the `pairs`
     (batch, kv head) pairs share the GPU at once, a divisor of `pairs`. About sms / H blocks of
     each then run together: they read each Q_i, dO_i and add into each row block of dQ_accum
     within a few steps of each other, from L2 (with one block per pair at a time, 128 pairs at
     d 128, n 2048 streamed all of it from HBM: L2 hit rate 32% against the default's 89%,
-    1.6x its time; ncu, session 15), but block x + 1 trails block x by about a step (their turn
-    at each row block comes after x's reduction): about ranks / (2 steps) of the time. So
-    ranks = steps / 8 per pair (at least 2; `steps`: the row blocks each block walks), and H
-    the smallest divisor of `pairs` at or above sms / ranks (all pairs where none is smaller:
-    never more trailing than that)."""
-    ranks = max(2, steps // 8)
-    target = min(pairs, -(-sms // ranks))
-    return min(h for h in range(target, pairs + 1) if pairs % h == 0)
+    1.53x its time; ncu, session 15). They trail each other by a turn at each row block,
+    which cost less than the L2 saves: session 15 measured H 4, 8 and 16 within 1.5% of each
+    other and 4-16% faster than all pairs at once (1.30x against 1.53x at d 128, n 2048). So
+    H near sms / 16 (16 blocks of a pair together): the divisor of `pairs` nearest to it by
+    ratio (the smaller on a tie)."""
+    target = max(1.0, sms / 16)
+    divisors = [h for h in range(1, pairs + 1) if pairs % h == 0]
+    return min(divisors, key=lambda h: (max(h / target, target / h), h))
 
 
 def _sm90_backward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False,

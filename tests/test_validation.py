@@ -160,22 +160,23 @@ def test_backward_grid_by_mode():
 
 
 def test_ordered_wave_heads():
-    """The Hopper backward's ordered non-causal grid: H (batch, kv head) pairs at once, a
-    divisor of the pairs, about steps / 8 blocks of each pair running together (at least 2)."""
+    """The Hopper backward's ordered non-causal grid: H (batch, kv head) pairs at once, the
+    divisor of the pairs nearest to SMs / 16 by ratio (session 15's sweep: H 4-16 best)."""
     from cuflash import _plan
-    assert _registry.ordered_wave_heads(128, 32, 132) == 64     # 4 ranks: H >= 33
-    assert _registry.ordered_wave_heads(128, 64, 132) == 32     # 8 ranks: H >= 17
-    assert _registry.ordered_wave_heads(128, 256, 132) == 8     # 32 ranks: H >= 5
-    assert _registry.ordered_wave_heads(127, 64, 132) == 127    # prime: all pairs at once
-    assert _registry.ordered_wave_heads(4, 24, 132) == 4        # fewer pairs than the target
-    assert _registry.ordered_wave_heads(1, 10**4, 132) == 1
+    assert _registry.ordered_wave_heads(128, 132) == 8      # 132 / 16 = 8.25
+    assert _registry.ordered_wave_heads(32, 132) == 8
+    assert _registry.ordered_wave_heads(12, 132) == 6       # 6 and 12: 1.375 against 1.45
+    assert _registry.ordered_wave_heads(127, 132) == 1      # prime: 1 (8.25) before 127
+    assert _registry.ordered_wave_heads(4, 132) == 4        # fewer pairs than the target
+    assert _registry.ordered_wave_heads(1, 132) == 1
+    assert _registry.ordered_wave_heads(100, 16) == 1       # a small GPU: one at a time
     cfg = _plan.sm90_backward_config(128, ordered=True)
     T_c = -(-2048 // cfg.B_c)
-    assert _registry.sm90_backward_grid(cfg, 2048, 16, 8, False, True, 2048, 1, 132) == \
-        (64, T_c, 2)
-    assert _registry.sm90_backward_grid(cfg, 2048, 16, 8, True, True, 2048, 1, 132) == \
+    assert _registry.sm90_backward_grid(cfg, 2048, 16, 8, False, True, 132) == \
+        (8, T_c, 16)
+    assert _registry.sm90_backward_grid(cfg, 2048, 16, 8, True, True, 132) == \
         (T_c, 16, 8)
-    assert _registry.sm90_backward_grid(cfg, 2048, 16, 8, False, False, 2048, 1, 132) == \
+    assert _registry.sm90_backward_grid(cfg, 2048, 16, 8, False, False, 132) == \
         (T_c, 16, 8)
 
 
