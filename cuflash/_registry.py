@@ -233,7 +233,8 @@ def ordered_wave_heads(pairs: int, sms: int) -> int:
     H near sms / 16 (16 blocks of a pair together): the divisor of `pairs` nearest to it by
     ratio (the smaller on a tie)."""
     target = max(1.0, sms / 16)
-    divisors = [h for h in range(1, pairs + 1) if pairs % h == 0]
+    divisors = [h for h in range(1, pairs + 1)  # (pairs / H is gridDim.z)
+                if pairs % h == 0 and pairs // h <= GRID_YZ_MAX]
     return min(divisors, key=lambda h: (max(h / target, target / h), h))
 
 

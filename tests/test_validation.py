@@ -170,6 +170,7 @@ def test_ordered_wave_heads():
     assert _registry.ordered_wave_heads(4, 132) == 4        # fewer pairs than the target
     assert _registry.ordered_wave_heads(1, 132) == 1
     assert _registry.ordered_wave_heads(100, 16) == 1       # a small GPU: one at a time
+    assert _registry.ordered_wave_heads(65537, 132) == 65537  # prime: 1 would give z > 65535
     cfg = _plan.sm90_backward_config(128, ordered=True)
     T_c = -(-2048 // cfg.B_c)
     assert _registry.sm90_backward_grid(cfg, 2048, 16, 8, False, True, 132) == \
