@@ -364,11 +364,12 @@ class Sm90BackwardConfig:
     @functools.cached_property  # (read at every launch)
     def smem_bytes(self) -> int:
         # 1024 (alignment) + K_j, V_j + stages x (Q_i, dO_i) + two buffers of both consumers'
-        # dS^T + one float32 dQ group tile per consumer + stages x (L_i, D_i) + mbarriers and
-        # the deterministic mode's ticket (BackwardTileSm90::SMEM_BYTES)
+        # dS^T + one float32 dQ group tile per consumer + stages x (L_i, D_i) + mbarriers (the
+        # ring's, and full / empty of each consumer's dQ tile), the deterministic mode's ticket
+        # and the consumers' dQ mailboxes (BackwardTileSm90::SMEM_BYTES)
         return (1024 + 2 * 2 * self.B_c * self.HD + 2 * self.stages * 2 * self.B_r * self.HD
                 + 2 * 2 * 64 * self.B_r * 2 + 2 * self.B_r * 64 * 4
-                + 2 * self.stages * self.B_r * 4 + 8 * (2 + 2 * self.stages))
+                + 2 * self.stages * self.B_r * 4 + 8 * (2 + 2 * self.stages + 2 * 2) + 16 * 2)
 
     def tile_asserts(self) -> list[str]:
         return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}"]

@@ -27,12 +27,15 @@
 // every other step). The group's float32 tile is added into dQ_accum in fragment order
 // (fa2_backward_dq_bulk undoes it): by 16-byte reductions straight from the registers, or
 // through shared memory by one bulk reduction (cp.reduce.async.bulk .add.f32) that runs while
-// the next step computes, per kernel as measured (DQ_RED below; the ordered mode: bulk).
+// the next step computes, issued by the dQ thread, per kernel as measured (DQ_RED below; the
+// ordered mode: bulk).
 //
 // Work split (warpgroups of 128 threads):
 //   warpgroup 0, the producer: thread 0 issues the loads (K_j and V_j once, then Q_i, dO_i
 //     by TMA and L_i log2(e), D_i by bulk copies, from the preprocess's padded rows, for each
-//     step into a ring of STAGES slots); the warpgroup gives its registers to the consumers;
+//     step into a ring of STAGES slots); thread 32, the dQ thread (bulk path), adds each
+//     step's dQ tiles from shared memory into dQ_accum (ORDERED: in turn); the warpgroup gives
+//     its registers to the consumers;
 //   warpgroups 1, 2, the consumers: 64 keys each, the five products above.
 // Each slot has two mbarriers: full (the copies' bytes) and free (one arrival per consumer
 // warp once its last product of the step has read the slot).
@@ -59,6 +62,15 @@
 
 namespace cuflash {
 
+// A dQ tile's destination, handed by its consumer to the dQ thread (fa2_backward_sm90):
+// dQ_accum's address of the group, the row block's turn counter (an index into dq_order) and
+// the rank (ORDERED: the tile's place in the row block's order; else 1).
+struct DqMail {
+    float* dst;
+    int row_block;
+    int rank;
+};
+
 template <int HD_, int STAGES_ = 2>
 struct BackwardTileSm90 {
     static constexpr int CONSUMERS = 2;  // consumer warpgroups, 64 keys each
@@ -77,10 +89,12 @@ struct BackwardTileSm90 {
     static constexpr int DS_BYTES = 64 * B_r * 2;   // one consumer's dS^T
     static constexpr int DQ_BYTES = B_r * 64 * 4;   // one 64-column group of dQ_ij, float32
     static constexpr int VEC_BYTES = B_r * 4;       // one of L_i, D_i
-    // the mbarriers (K_j V_j full, STAGES x full, STAGES x free) and the deterministic mode's
-    // ticket: in the carved layout, not a static __shared__ variable, which would come
-    // 1024-aligned on top of SMEM_BYTES and push the d 128 3-slot tile past 227 KB.
-    static constexpr int BAR_BYTES = 8 * (2 + 2 * STAGES);
+    // the mbarriers (K_j V_j full, STAGES x full, STAGES x free), the deterministic mode's
+    // ticket, the dQ tiles' mbarriers (CONSUMERS x full, CONSUMERS x empty: the bulk path) and
+    // mailboxes (DqMail)
+    // in the carved layout, not a static __shared__ variable, which would come 1024-aligned on
+    // top of SMEM_BYTES and push the d 128 3-slot tile past 227 KB.
+    static constexpr int BAR_BYTES = 8 * (2 + 2 * STAGES + 2 * CONSUMERS) + 16 * CONSUMERS;
     static constexpr int SMEM_BYTES = 1024 + 2 * KV_BYTES + 2 * STAGES * ROW_BYTES +
                                       2 * CONSUMERS * DS_BYTES + CONSUMERS * DQ_BYTES +
                                       2 * STAGES * VEC_BYTES + BAR_BYTES;
@@ -130,6 +144,9 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     auto full = [&](int stage) { return bars + 8 * (1 + stage); };
     auto free_slot = [&](int stage) { return bars + 8 * (1 + STAGES + stage); };
     const unsigned sTicket = bars + 8 * (1 + 2 * STAGES);  // (ORDERED)
+    auto dq_full = [&](int c) { return bars + 8 * (2 + 2 * STAGES + c); };  // (!DQ_RED)
+    auto dq_empty = [&](int c) { return bars + 8 * (2 + 2 * STAGES + CONSUMERS + c); };
+    auto sMail = [&](int c) { return bars + 8 * (2 + 2 * STAGES + 2 * CONSUMERS) + 16 * c; };
 
     const int tid = threadIdx.x, warpgroup = tid / 128;
     const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, nheads = p.nheads;
@@ -171,11 +188,32 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     auto step_head = [&](int t) { return head_k * p.group + t / n; };
     auto step_row_block = [&](int t) { return rb.begin + t % n; };
 
+    // How dQ_ij reaches dQ_accum. DQ_RED: 16-byte vector reductions from the registers. Else
+    // through shared memory: the consumer stores its group's tile and signals dq_full; the dQ
+    // thread (warp 1 of the producer warpgroup) waits for the row block's turn (ORDERED),
+    // issues one bulk reduction per group (rank 0 of the ordered mode: a bulk store), frees
+    // the tile (dq_empty) once read, and (ORDERED) hands the turn on once completed: the
+    // consumers never wait on a turn or on a bulk operation's completion (the ordered mode's
+    // cost, 1.2-1.5x, sat there: both consumers met at every step behind thread 0's turn).
+    // Measured on the H200 (session 14, bf16): the reductions 5-10% faster at d 64 and 1-3%
+    // causal at d 128, but 4-10% slower at d 128 non-causal, where every column block of a
+    // head adds into the same row block at once, two groups per step.
+    constexpr bool DQ_RED = !ORDERED && (GROUPS < CONSUMERS || MaskT::CAUSAL);
+    // the dQ tiles consumer c has stored before step t: group (c + t) % CONSUMERS each step
+    // while it is < GROUPS (d 128: every step; d 64: every other step, from step c)
+    auto dq_tiles_before = [&](int c, int t) {
+        return GROUPS == CONSUMERS ? t : (t + CONSUMERS - 1 - c) / CONSUMERS;
+    };
+
     if (tid == 0) {
         mbar_init(kv_full, 1);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full(s), 1);
             mbar_init(free_slot(s), 4 * CONSUMERS);  // one arrival per consumer warp
+        }
+        for (int c = 0; c < CONSUMERS; ++c) {
+            mbar_init(dq_full(c), 4);  // one arrival per warp of consumer c
+            mbar_init(dq_empty(c), 1);
         }
         mbar_init_fence();
     }
@@ -185,6 +223,31 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         // ---- producer ----------------------------------------------------------------------
         regs_decrease<Tile::PRODUCER_REGS>();
         if (tid == 0) {  // TMA: K_j and V_j once, then Q_i and dO_i of each step
+            // Bulk path (!DQ_RED): this thread also adds the consumers' dQ tiles of each step
+            // into dQ_accum (ORDERED: in the row block's turn), once the consumers have freed
+            // the step's slot: where and in which turn each goes comes from its consumer's
+            // mailbox. (A second thread for it, even doing nothing, made this loop spill in
+            // its 24 registers.)
+            auto add_dq_tiles = [&](int t) {
+#pragma unroll
+                for (int c = 0; c < CONSUMERS; ++c) {
+                    if ((c + t) % CONSUMERS >= GROUPS) continue;
+                    mbar_wait(dq_full(c), dq_tiles_before(c, t) & 1);
+                    const DqMail mail = *reinterpret_cast<const DqMail*>(generic(sMail(c)));
+                    int* const turn = p.dq_order + mail.row_block;
+                    if (ORDERED && mail.rank > 0) wait_counter_at_least(turn, GROUPS * mail.rank);
+                    if (ORDERED && mail.rank == 0)
+                        bulk_store(mail.dst, sdQ(c), Tile::DQ_BYTES);
+                    else if (mail.rank > 0)
+                        bulk_reduce_add_f32(mail.dst, sdQ(c), Tile::DQ_BYTES);
+                    bulk_wait_read<0>();  // read: consumer c may store its next tile
+                    mbar_arrive(dq_empty(c));
+                    if (ORDERED && mail.rank >= 0) {  // completed: the turn passes on
+                        bulk_wait();
+                        add_counter(turn);
+                    }
+                }
+            };
             mbar_arrive_expect_tx(kv_full, 2 * Tile::KV_BYTES);
             for (int g = 0; g < GROUPS; ++g) {
                 tma_load_4d(sK + g * (B_c * 128), &p.tm_k, kv_full, g * 64, j * B_c, head_k,
@@ -207,6 +270,13 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                 const long long at = ((long long)batch * nheads + h) * rows + i * B_r;
                 bulk_load(sL(stage), p.lse_log2 + at, Tile::VEC_BYTES, full(stage));
                 bulk_load(sD(stage), p.dsum + at, Tile::VEC_BYTES, full(stage));
+                // step t - STAGES freed its slot (the wait above): its dQ tiles follow
+                if (!DQ_RED && t >= STAGES) add_dq_tiles(t - STAGES);
+            }
+            if constexpr (!DQ_RED) {
+                for (int t = steps < STAGES ? 0 : steps - STAGES; t < steps; ++t)
+                    add_dq_tiles(t);
+                bulk_wait();
             }
         }
         return;
@@ -257,14 +327,6 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         issue_packed_by_rows(acc, a, b_rows);
     };
 
-    // How dQ_ij reaches dQ_accum. DQ_RED: 16-byte vector reductions from the registers. Else
-    // through shared memory and one bulk reduction per group (the ordered mode's way: a bulk
-    // operation's completion can be awaited). Measured on the H200 (session 14, bf16): the
-    // reductions 5-10% faster at d 64 and 1-3% causal at d 128, but 4-10% slower at d 128
-    // non-causal, where every column block of a head adds into the same row block at once,
-    // two groups per step.
-    constexpr bool DQ_RED = !ORDERED && (GROUPS < CONSUMERS || MaskT::CAUSAL);
-    int* turn = nullptr;  // ORDERED (a warpgroup's thread 0): its last reduction's counter
     float dv[NT_D][4], dk[NT_D][4];  // dV_j, dK_j: this consumer's 64 keys x HD
     zero(dv);
     zero(dk);
@@ -388,17 +450,6 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                 *reinterpret_cast<unsigned*>(ds_tile + r * 128 + ((nt ^ (r % 8)) * 16) +
                                              (lane % 4) * 4) = dsa[nt / 2][2 * (nt % 2) + e2];
             }
-        // This consumer's dQ tile is free again once its last bulk operation has read it;
-        // ORDERED: once that operation has completed, its turn passes on.
-        if constexpr (ORDERED) {
-            if (tid % 128 == 0 && turn) {
-                bulk_wait();
-                add_counter(turn);
-                turn = nullptr;
-            }
-        } else if constexpr (!DQ_RED) {
-            if (tid % 128 == 0) bulk_wait_read<0>();
-        }
         fence_proxy_async_shared();     // (the dS^T stores, for wgmma's reads)
         named_barrier_sync(1, 256);     // both consumers' dS^T are in
 
@@ -426,50 +477,44 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         release(free_slot(stage));
         if (dq_mine) {
             fence_accumulators(dq);
-            const long long row_block = ((long long)batch * nheads + h) * T_r + i;
-            float* dst = p.dq_accum + row_block * (B_r * HD) + g * (B_r * 64);
             if constexpr (DQ_RED) {
                 // dQ_ij's group g added into row block i of dQ_accum (batch, heads, T_r,
                 // B_r x HD) straight from the registers, in fragment order: one 16-byte
                 // reduction per n8 tile, a warp's 32 contiguous in 512 bytes (no staging, no
                 // barrier: the next step's products start at once)
-                float* mine = dst + (warp * 8 * 32 + lane) * 4;
+                const long long row_block = ((long long)batch * nheads + h) * T_r + i;
+                float* mine = p.dq_accum + row_block * (B_r * HD) + g * (B_r * 64) +
+                              (warp * 8 * 32 + lane) * 4;
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt)
                     red_add_f32x4(true, mine + nt * 32 * 4, dq[nt][0], dq[nt][1], dq[nt][2],
                                   dq[nt][3]);
             } else {
-                // The group to shared memory in the same order, then one bulk reduction
-                // (ORDERED: one bulk operation, whose completion hands the turn on, see the
-                // grid above)
+                // The group to shared memory in the same order, once the dQ thread's bulk
+                // operation has read this consumer's last one; the dQ thread adds it
+                // (ORDERED: in its row block's turn)
+                const int before = dq_tiles_before(wg, t);
+                if (before > 0) mbar_wait(dq_empty(wg), (before - 1) & 1);
                 unsigned char* q_tile = generic(sdQ(wg));
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt)
                     *reinterpret_cast<Float4*>(q_tile + (((warp * 8 + nt) * 32 + lane) * 16)) =
                         Float4{dq[nt][0], dq[nt][1], dq[nt][2], dq[nt][3]};
-                fence_proxy_async_shared();
-                named_barrier_sync(2 + wg, 128);
                 if (tid % 128 == 0) {
                     // rank: ORDERED, this addition's place in its row block's order (0 stores;
                     // < 0: row_blocks can hand a block a padded last row block that sees none
                     // of its keys, with a window's right side below zero, from ring
                     // attention's shifts: its dQ_ij is 0 and it takes no turn); else 1, add
-                    const int rank = ORDERED ? column_blocks<B_r, B_c>(mask, i).end - 1 - j : 1;
-                    if (ORDERED && rank >= 0) {
-                        turn = p.dq_order + row_block;
-                        wait_counter_at_least(turn, GROUPS * rank);
-                    }
-                    if (ORDERED && rank == 0)
-                        bulk_store(dst, sdQ(wg), Tile::DQ_BYTES);
-                    else if (rank > 0)
-                        bulk_reduce_add_f32(dst, sdQ(wg), Tile::DQ_BYTES);
+                    const int row_block = (batch * nheads + h) * T_r + i;
+                    *reinterpret_cast<DqMail*>(generic(sMail(wg))) = DqMail{
+                        p.dq_accum + (long long)row_block * (B_r * HD) + g * (B_r * 64),
+                        row_block,
+                        ORDERED ? column_blocks<B_r, B_c>(mask, i).end - 1 - j : 1};
                 }
+                fence_proxy_async_shared();
+                release(dq_full(wg));
             }
         }
-    }
-    if (!DQ_RED && tid % 128 == 0) {
-        bulk_wait();  // the last bulk operation has read its source (and completed)
-        if (ORDERED && turn) add_counter(turn);
     }
 
     // ---- epilogue: dK_j (times scale) and dV_j, keys past the end of K not stored ------------
