@@ -27,15 +27,15 @@
 // every other step). The group's float32 tile is added into dQ_accum in fragment order
 // (fa2_backward_dq_bulk undoes it): by 16-byte reductions straight from the registers, or
 // through shared memory by one bulk reduction (cp.reduce.async.bulk .add.f32) that runs while
-// the next step computes, issued by the dQ thread, per kernel as measured (DQ_RED below; the
-// ordered mode: bulk).
+// the next step computes, issued by the producer thread, per kernel as measured (DQ_RED
+// below; the ordered mode: bulk).
 //
 // Work split (warpgroups of 128 threads):
 //   warpgroup 0, the producer: thread 0 issues the loads (K_j and V_j once, then Q_i, dO_i
 //     by TMA and L_i log2(e), D_i by bulk copies, from the preprocess's padded rows, for each
-//     step into a ring of STAGES slots); thread 32, the dQ thread (bulk path), adds each
-//     step's dQ tiles from shared memory into dQ_accum (ORDERED: in turn); the warpgroup gives
-//     its registers to the consumers;
+//     step into a ring of STAGES slots) and, on the bulk path, adds each step's dQ tiles from
+//     shared memory into dQ_accum once the step has freed its slot (ORDERED: in turn); the
+//     warpgroup gives its registers to the consumers;
 //   warpgroups 1, 2, the consumers: 64 keys each, the five products above.
 // Each slot has two mbarriers: full (the copies' bytes) and free (one arrival per consumer
 // warp once its last product of the step has read the slot).
@@ -62,7 +62,7 @@
 
 namespace cuflash {
 
-// A dQ tile's destination, handed by its consumer to the dQ thread (fa2_backward_sm90):
+// A dQ tile's destination, handed by its consumer to the producer thread (fa2_backward_sm90):
 // dQ_accum's address of the group, the row block's turn counter (an index into dq_order) and
 // the rank (ORDERED: the tile's place in the row block's order; else 1).
 struct DqMail {
@@ -189,12 +189,13 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     auto step_row_block = [&](int t) { return rb.begin + t % n; };
 
     // How dQ_ij reaches dQ_accum. DQ_RED: 16-byte vector reductions from the registers. Else
-    // through shared memory: the consumer stores its group's tile and signals dq_full; the dQ
-    // thread (warp 1 of the producer warpgroup) waits for the row block's turn (ORDERED),
-    // issues one bulk reduction per group (rank 0 of the ordered mode: a bulk store), frees
-    // the tile (dq_empty) once read, and (ORDERED) hands the turn on once completed: the
-    // consumers never wait on a turn or on a bulk operation's completion (the ordered mode's
-    // cost, 1.2-1.5x, sat there: both consumers met at every step behind thread 0's turn).
+    // through shared memory: the consumer stores its group's tile and a mailbox and signals
+    // dq_full; the producer thread waits for the row block's turn (ORDERED), issues one bulk
+    // reduction per group (rank 0 of the ordered mode: a bulk store), frees the tiles
+    // (dq_empty) once read, and (ORDERED) hands the turn on once completed: the consumers
+    // never wait on a turn or on a bulk operation's completion (the ordered mode's cost,
+    // 1.2-1.5x, sat there: both consumers met at every step behind thread 0's turn; 1.0-1.1x
+    // once moved, session 15).
     // Measured on the H200 (session 14, bf16): the reductions 5-10% faster at d 64 and 1-3%
     // causal at d 128, but 4-10% slower at d 128 non-causal, where every column block of a
     // head adds into the same row block at once, two groups per step.
@@ -229,23 +230,30 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
             // mailbox. (A second thread for it, even doing nothing, made this loop spill in
             // its 24 registers.)
             auto add_dq_tiles = [&](int t) {
+                // the step's groups (both consumers' at d 128: one row block, one rank) issued
+                // before one read wait and one completion wait
+                int* turn = nullptr;  // ORDERED: the row block's counter, where it takes a turn
 #pragma unroll
                 for (int c = 0; c < CONSUMERS; ++c) {
                     if ((c + t) % CONSUMERS >= GROUPS) continue;
                     mbar_wait(dq_full(c), dq_tiles_before(c, t) & 1);
                     const DqMail mail = *reinterpret_cast<const DqMail*>(generic(sMail(c)));
-                    int* const turn = p.dq_order + mail.row_block;
-                    if (ORDERED && mail.rank > 0) wait_counter_at_least(turn, GROUPS * mail.rank);
+                    if (ORDERED && mail.rank >= 0) {
+                        turn = p.dq_order + mail.row_block;
+                        if (mail.rank > 0) wait_counter_at_least(turn, GROUPS * mail.rank);
+                    }
                     if (ORDERED && mail.rank == 0)
                         bulk_store(mail.dst, sdQ(c), Tile::DQ_BYTES);
                     else if (mail.rank > 0)
                         bulk_reduce_add_f32(mail.dst, sdQ(c), Tile::DQ_BYTES);
-                    bulk_wait_read<0>();  // read: consumer c may store its next tile
-                    mbar_arrive(dq_empty(c));
-                    if (ORDERED && mail.rank >= 0) {  // completed: the turn passes on
-                        bulk_wait();
-                        add_counter(turn);
-                    }
+                }
+                bulk_wait_read<0>();  // read: the consumers may store their next tiles
+#pragma unroll
+                for (int c = 0; c < CONSUMERS; ++c)
+                    if ((c + t) % CONSUMERS < GROUPS) mbar_arrive(dq_empty(c));
+                if (ORDERED && turn) {  // completed: the turn passes on, once per group
+                    bulk_wait();
+                    for (int g = 0; g < GROUPS; ++g) add_counter(turn);
                 }
             };
             mbar_arrive_expect_tx(kv_full, 2 * Tile::KV_BYTES);
@@ -490,8 +498,8 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                     red_add_f32x4(true, mine + nt * 32 * 4, dq[nt][0], dq[nt][1], dq[nt][2],
                                   dq[nt][3]);
             } else {
-                // The group to shared memory in the same order, once the dQ thread's bulk
-                // operation has read this consumer's last one; the dQ thread adds it
+                // The group to shared memory in the same order, once the producer's bulk
+                // operation has read this consumer's last one; the producer adds it
                 // (ORDERED: in its row block's turn)
                 const int before = dq_tiles_before(wg, t);
                 if (before > 0) mbar_wait(dq_empty(wg), (before - 1) & 1);
