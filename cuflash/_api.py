@@ -1392,20 +1392,21 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         q, k, v, qkv_strides = _aligned_qkv(cupy, q, k, v, layout)
         if not odd_d:  # (OddD kernels read rows element by element, as they are)
             dout, out = _aligned(cupy, dout), _aligned(cupy, out)
-        # The Hopper backward where it covers the call (fa2_backward_sm90.cu: dense, d <= 128
-        # and a multiple of 8; with softcap or ALiBi d <= 64), else the portable one below.
+        # The Hopper backward where it covers the call (fa2_backward_sm90.cu: d <= 128 and a
+        # multiple of 8, dense or packed; with softcap or ALiBi d <= 64), else the portable
+        # one below.
         hopper_tile = isinstance(config, _plan.Sm90BackwardConfig)
-        if (hopper_tile or config is None) and packed is None and not odd_d and \
+        if (hopper_tile or config is None) and not odd_d and \
                 _uses_sm90(cupy, device_id) and \
                 _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv,
                                (causal, local, deterministic, hooked), features, scale,
-                               qkv_strides, config, scratch):
+                               qkv_strides, config, scratch, packed):
             return dq, dk, dv
         if hopper_tile:
             raise ValueError(f"the Hopper backward tile {config} cannot run this call (it "
-                             "needs an sm_90 GPU, a dense batch, d <= 128 and a multiple of 8 "
-                             "(d <= 64 with softcap or ALiBi), and TMA-describable q, k, v, "
-                             "dout)")
+                             "needs an sm_90 GPU, d <= 128 and a multiple of 8 (d <= 64 with "
+                             "softcap or ALiBi), TMA-describable q, k, v, dout, and for a "
+                             "packed batch neither deterministic=True nor a scratch arena)")
         # The tile shape and the three compiled kernels, looked up once per configuration.
         def make_plan():
             max_smem, bulk = _max_smem(cupy, device_id), _has_bulk_copy(cupy, device_id)
@@ -1479,28 +1480,37 @@ def _preprocess_lanes(d: int) -> int:
 
 
 def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, features,
-                   scale, qkv_strides, config=None, scratch=None) -> bool:
+                   scale, qkv_strides, config=None, scratch=None, packed=None) -> bool:
     """The Hopper backward (kernels/fa2_backward_sm90.cu): the padded preprocess, the main
     kernel (TMA loads of q, k, v, dout through tensor maps, wgmma, warp specialisation), the
     dQ pass. kind: (causal, local, ordered, hooked), the kernel's mask, the deterministic mode
     and the score hook;
     features: the window's and the hook's parameter fields (none without them). config: an
-    explicit Sm90BackwardConfig (the bench's), else the table's. Returns False, launching
-    nothing, where the head dim (with the hook: SM90_HOOKED_BACKWARD_BUCKETS) takes the
-    portable backward or TMA cannot describe q, k, v or dout."""
+    explicit Sm90BackwardConfig (the bench's), else the table's. packed: a variable-length
+    batch (_backward's; (1, total, heads, d) views), the PackedSeq kernels. Returns False,
+    launching nothing, where the head dim (with the hook: SM90_HOOKED_BACKWARD_BUCKETS) takes
+    the portable backward, TMA cannot describe q, k, v or dout, or a packed batch comes
+    with deterministic=True or a scratch arena."""
     causal, local, ordered, hooked = kind
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    total_q, fields = None, {}
+    if packed is not None:  # (1, total, heads, d) views; the grid: the longest entry's
+        if ordered or scratch is not None:  # (entry by entry / the arena: portable)
+            return False
+        total_q = seqlen_q
+        batch, seqlen_q, seqlen_k = packed.batch, packed.max_seqlen_q, packed.max_seqlen_k
+        fields = packed.fields
     table = _plan.sm90_backward_config(d, local, ordered, hooked)
     cfg = config or table
     if table is None or cfg.HD != table.HD:  # (an explicit tile of another head-dim bucket:
         return False                          # its kernel would not fit d)
     dtype_name = _dtype_name(q.dtype)
     plan, kernels, params = _prepared(
-        _backward_launches, ("sm90", device_id, q.dtype, d, kind, cfg),
+        _backward_launches, ("sm90", device_id, q.dtype, d, kind, cfg, packed is not None),
         _registry.FA2_BACKWARD_SM90,
         lambda: _registry.sm90_backward_plan(dtype_name, d, causal, cfg, local, ordered,
-                                             hooked))
+                                             hooked, packed is not None))
     pre, main, fin = kernels["pre"], kernels["main"], kernels["dq"]
     qs, ks, vs = qkv_strides
     dos = _strides(dout)
@@ -1512,7 +1522,12 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
         cfg, seqlen_k, nheads_k, batch, causal, ordered,
         int(_device_properties(cupy, device_id)["multiProcessorCount"]))
     s_ = _scratch_arrays(cupy, _sm90_backward_scratch(cfg, batch, nheads, nheads_k, seqlen_q,
-                                                      ordered), scratch)
+                                                      ordered, total_q), scratch)
+    if packed is None:
+        dq_accum = s_["dq_accum"]
+    else:  # the entries' own row blocks (_packed_dq_workspace), as D's and L log2 e's
+        dq_accum, ws = _packed_dq_workspace(cupy, packed, cfg, nheads, total_q)
+        fields = {**fields, **ws}
     lanes = _preprocess_lanes(d)
     rows = -(-seqlen_q // cfg.B_r) * cfg.B_r  # (the padded rows of D and L log2 e)
     stream = cupy.cuda.get_current_stream().ptr
@@ -1521,7 +1536,7 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
         params.pack(tm_q=tm_q, tm_k=tm_k, tm_v=tm_v, tm_do=tm_do, q=q.data.ptr, k=k.data.ptr,
                     v=v.data.ptr, o=out.data.ptr, dout=dout.data.ptr, lse=lse.data.ptr,
                     dsum=s_["D"].data.ptr, lse_log2=s_["L2"].data.ptr,
-                    dq_accum=s_["dq_accum"].data.ptr,
+                    dq_accum=dq_accum.data.ptr,
                     dq_order=s_["dq_order"].data.ptr if ordered else 0, dq=dq.data.ptr,
                     dk=dk.data.ptr,
                     dv=dv.data.ptr, q_strides=qs, k_strides=ks, v_strides=vs,
@@ -1530,7 +1545,7 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
                     group=nheads // nheads_k, nheads=nheads, head_parts=1,
                     deterministic=int(ordered),
                     splits=1, dq_accum_cols=cfg.HD, lanes=lanes, softmax_scale=scale,
-                    scale_log2=scale * _LOG2E, **features)
+                    scale_log2=scale * _LOG2E, **features, **fields)
         # 1. D = rowsum(dO ∘ O) and L log2(e), padded to whole row blocks
         pre(_registry.backward_preprocess_grid(rows, lanes, nheads, batch), 128, 0, stream,
             params)
@@ -1542,15 +1557,22 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
     return True
 
 
-def _sm90_backward_scratch(cfg, batch, nheads, nheads_k, seqlen_q, ordered=False) -> _Scratch:
+def _sm90_backward_scratch(cfg, batch, nheads, nheads_k, seqlen_q, ordered=False,
+                           total_q=None) -> _Scratch:
     """The Hopper backward's scratch: D and L log2(e), float32 (batch, heads, rows), and the
     float32 dQ sums (batch, heads, rows, HD) in the kernel's fragment order, rows being
     seqlen_q rounded up to whole row blocks: zeroed, or (ordered, the deterministic mode,
     whose first addition into each row block is a store) not, with the zeroed turn counters
-    (batch, heads, row blocks) and one ticket counter per (batch, kv head)."""
+    (batch, heads, row blocks) and one ticket counter per (batch, kv head). A packed batch
+    (total_q rows): D and L log2(e) (heads, ws_blocks x B_r), each entry's row blocks from
+    its row_block_offsets, as its dQ sums (_packed_dq_workspace, not here)."""
+    f32 = np.float32
+    if total_q is not None:
+        ws_rows = (-(-total_q // cfg.B_r) + batch) * cfg.B_r
+        return _Scratch((("D", (nheads, ws_rows), f32, False),
+                         ("L2", (nheads, ws_rows), f32, False)), 0, 1, 1)
     T_r = -(-seqlen_q // cfg.B_r)
     rows = T_r * cfg.B_r
-    f32 = np.float32
     arrays = [("D", (batch, nheads, rows), f32, False),
               ("L2", (batch, nheads, rows), f32, False),
               ("dq_accum", (batch, nheads, rows, cfg.HD), f32, not ordered)]

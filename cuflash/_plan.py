@@ -749,20 +749,27 @@ def sm90_backward_config(d: int, local: bool = False, ordered: bool = False,
 
 def sm90_backward_names(dtype_name: str, cfg: Sm90BackwardConfig, causal: bool,
                         local: bool = False, ordered: bool = False,
-                        hooked: bool = False) -> dict:
+                        hooked: bool = False, packed: bool = False) -> dict:
     """The Hopper backward's three kernels by role: the preprocess and the dQ pass of
     backward_passes.cuh on its parameter struct, and the main kernel (local: a sliding
     window's lower limit; ordered: the deterministic mode's fixed order of dQ additions;
-    hooked: the score hook, softcap and ALiBi)."""
+    hooked: the score hook, softcap and ALiBi; packed: variable-length batches, not
+    ordered)."""
+    if packed and ordered:
+        raise ValueError("packed batches have no ordered mode")
     T, P = ELEMENT_TAGS[dtype_name], "cuflash::Sm90BwdParams"
+    seq = "cuflash::PackedSeq" if packed else "cuflash::DenseSeq"
     mask = mask_type(causal, local)
-    extra = (f", {'true' if ordered else 'false'}, cuflash::ScoreHook" if hooked
-             else ", true" if ordered else "")
-    return {"pre": f"cuflash::fa2_backward_preprocess<{T}, cuflash::DenseSeq, {P}, "
-                   f"{cfg.B_r}>",
+    if packed:
+        extra = f", false, cuflash::{'ScoreHook' if hooked else 'ScoreScale'}, {seq}"
+    else:
+        extra = (f", {'true' if ordered else 'false'}, cuflash::ScoreHook" if hooked
+                 else ", true" if ordered else "")
+    return {"pre": f"cuflash::fa2_backward_preprocess<{T}, {seq}, {P}, {cfg.B_r}>",
             "main": f"cuflash::fa2_backward_sm90<{T}, {cfg.tile_type}, {mask}{extra}>",
-            "dq": f"cuflash::fa2_backward_dq_bulk<{T}, {cfg.tile_type}, {mask}, "
-                  f"cuflash::DenseSeq, {P}>"}
+            "dq": f"cuflash::fa2_backward_dq_bulk<{T}, {cfg.tile_type}, {mask}, {seq}, {P}>"}
+
+
 # NVRTC / nvcc target of the Hopper kernels: wgmma and setmaxnreg need the "a" variant.
 SM90A_NVRTC_OPTIONS = ("-arch=sm_90a",)
 SM90A_NVCC_ARCH = "-gencode=arch=compute_90a,code=sm_90a"

@@ -194,15 +194,16 @@ FA2_BACKWARD = Variant("fa2_backward", _plan.BACKWARD_FILE, _params.BWD, ("80", 
 
 def sm90_backward_plan(dtype_name: str, d: int, causal: bool, config=None,
                        local: bool = False, ordered: bool = False,
-                       hooked: bool = False) -> Plan | None:
+                       hooked: bool = False, packed: bool = False) -> Plan | None:
     """The Hopper backward's three kernels for head dim d (config: an explicit
     Sm90BackwardConfig, the bench's; local: with a window's lower limit; ordered: the
-    deterministic mode's; hooked: with the score hook), or None where the call takes the
-    portable backward."""
+    deterministic mode's; hooked: with the score hook; packed: a variable-length batch), or
+    None where the call takes the portable backward."""
     cfg = config or _plan.sm90_backward_config(d, local, ordered, hooked)
     if cfg is None:
         return None
-    return Plan(cfg, _plan.sm90_backward_names(dtype_name, cfg, causal, local, ordered, hooked),
+    return Plan(cfg, _plan.sm90_backward_names(dtype_name, cfg, causal, local, ordered, hooked,
+                                               packed),
                 {"pre": 0, "main": cfg.smem_bytes, "dq": 0})
 
 
@@ -240,16 +241,18 @@ def ordered_wave_heads(pairs: int, sms: int) -> int:
 
 def _sm90_backward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False,
                          packed=False) -> list:
-    if packed or HD not in (_plan.SM90_HOOKED_BACKWARD_BUCKETS if hooked
-                            else _plan.SM90_BACKWARD_BUCKETS):
+    if HD not in (_plan.SM90_HOOKED_BACKWARD_BUCKETS if hooked
+                  else _plan.SM90_BACKWARD_BUCKETS):
         return []
-    return [sm90_backward_plan(dt, HD, causal, local=local, ordered=ordered, hooked=hooked)
-            for ordered in (False, True)]
+    # (packed batches: no ordered mode, their deterministic calls run entry by entry)
+    return [sm90_backward_plan(dt, HD, causal, local=local, ordered=ordered, hooked=hooked,
+                               packed=packed)
+            for ordered in ((False,) if packed else (False, True))]
 
 
 FA2_BACKWARD_SM90 = Variant(
     "fa2_backward_sm90", _plan.SM90_BACKWARD_FILE, _params.SM90_BWD, ("90a",),
-    _sm90_backward_plans, _plan.SM90A_NVRTC_OPTIONS)
+    _sm90_backward_plans, _plan.SM90A_NVRTC_OPTIONS, packed=True)
 
 
 def backward_preprocess_grid(seqlen_q: int, lanes: int, nheads: int, batch: int) -> tuple:

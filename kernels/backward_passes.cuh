@@ -20,10 +20,10 @@ namespace cuflash {
 // ---------------------------------------------------------------------------------------------
 // G = p.lanes lanes (a power of two >= ceil(d / 8)) share one query row, each taking 8 elements;
 // grid (ceil(seqlen_q / (128 / G)), heads, batch). D is (batch, heads, seqlen_q), contiguous.
-// PAD (the Hopper backward, dense): D and p.lse_log2 = L log2(e) are (batch, heads, seqlen_q
-// rounded up to PAD), so that each row block of both is one aligned bulk copy; the grid covers
-// the padded rows, which get D = 0 and L log2(e) = +inf, as do rows that see no key (L = -inf):
-// their P is exp2(... - inf) = 0.
+// PAD (the Hopper backward): D and p.lse_log2 = L log2(e) are (batch, heads, seqlen_q rounded
+// up to PAD) (packed: as dQ_accum, see below), so that each row block of both is one aligned
+// bulk copy; the grid covers the padded rows, which get D = 0 and L log2(e) = +inf, as do rows
+// that see no key (L = -inf): their P is exp2(... - inf) = 0.
 template <typename T, typename SeqT = DenseSeq, typename Params = BwdParams, int PAD = 0>
 __global__ void __launch_bounds__(128)
 fa2_backward_preprocess(const Params p) {
@@ -52,9 +52,12 @@ fa2_backward_preprocess(const Params p) {
     }
     for (int offset = G / 2; offset > 0; offset /= 2) acc += shfl_xor(acc, offset);
     if constexpr (PAD > 0) {
-        static_assert(!SeqT::PACKED, "padded rows: dense batches");
+        // (packed: the rows of (heads, p.ws_blocks) row blocks of PAD rows, the entry's from
+        // p.row_block_offsets[batch], as dQ_accum's)
         const int rows = (seqlen_q + PAD - 1) / PAD * PAD;
-        const long long at = ((long long)batch * nheads + head) * rows + row;
+        const long long at =
+            (SeqT::PACKED ? ((long long)head * p.ws_blocks + p.row_block_offsets[batch]) * PAD
+                          : ((long long)batch * nheads + head) * rows) + row;
         if (c == 0 && row < rows) {
             const long long l_at = seq.row_vector(head, nheads) + row;
             const float L = row < seqlen_q ? p.lse[l_at] : CUFLASH_NEG_INF;

@@ -118,7 +118,7 @@ struct BackwardTileSm90 {
 };
 
 template <typename T, typename Tile, typename MaskT, bool ORDERED = false,
-          typename ScoreT = ScoreScale>
+          typename ScoreT = ScoreScale, typename SeqT = DenseSeq>
 __global__ void __launch_bounds__(Tile::NTHREADS, 1)
 fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, STAGES = Tile::STAGES;
@@ -148,9 +148,11 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     auto dq_empty = [&](int c) { return bars + 8 * (2 + 2 * STAGES + CONSUMERS + c); };
     auto sMail = [&](int c) { return bars + 8 * (2 + 2 * STAGES + 2 * CONSUMERS) + 16 * c; };
 
+    static_assert(!(SeqT::PACKED && ORDERED), "packed batches: no ordered mode");
     const int tid = threadIdx.x, warpgroup = tid / 128;
-    const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, nheads = p.nheads;
-    const int T_r = (seqlen_q + B_r - 1) / B_r;  // (dQ_accum's row blocks per (batch, head))
+    const int nheads = p.nheads;
+    // (dense: dQ_accum's row blocks per (batch, head); packed: unused, see row_block_index)
+    const int T_r = (p.seqlen_q + B_r - 1) / B_r;
     // The block's column block j, kv head and batch entry: grid (T_c, kv heads, batch), one
     // block per column block. ORDERED (the deterministic mode, as fa2_backward.cu's): the
     // additions into each row block of dQ_accum go in a fixed order, column blocks right to
@@ -178,8 +180,22 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                 atomicAdd(tickets + batch * (nheads / p.group) + head_k, 1);
         }
         __syncthreads();
-        j = (seqlen_k + B_c - 1) / B_c - 1 - ld_shared_s32(sTicket);
+        j = (p.seqlen_k + B_c - 1) / B_c - 1 - ld_shared_s32(sTicket);
     }
+    // This batch entry's lengths and rows (seqinfo.cuh; packed: the entry's own, while the
+    // grid's T_c is the longest entry's: a column block past the entry's keys has no work).
+    const SeqInfo seq = SeqT::info(p, batch);
+    const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
+    if (SeqT::PACKED && j * B_c >= seqlen_k) return;
+    // Row block i of query head h in the float32 row blocks of dQ_accum, L log2 e and D:
+    // dense (batch, heads, T_r); packed (heads, p.ws_blocks), the entry's from
+    // p.row_block_offsets[batch] (cuflash/_api.py, _packed_dq_workspace)
+    auto row_block_index = [&](int h, int i) -> long long {
+        if constexpr (SeqT::PACKED)
+            return (long long)h * p.ws_blocks + p.row_block_offsets[batch] + i;
+        else
+            return ((long long)batch * nheads + h) * T_r + i;
+    };
     const MaskT mask(p, seqlen_q, seqlen_k);
     // The steps: every row block i that sees column block j (block_range.cuh), for each query
     // head h of the group in turn; step t is (h, i) = (head_k group + t / n, begin + t % n).
@@ -258,24 +274,23 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
             };
             mbar_arrive_expect_tx(kv_full, 2 * Tile::KV_BYTES);
             for (int g = 0; g < GROUPS; ++g) {
-                tma_load_4d(sK + g * (B_c * 128), &p.tm_k, kv_full, g * 64, j * B_c, head_k,
-                            batch);
-                tma_load_4d(sV + g * (B_c * 128), &p.tm_v, kv_full, g * 64, j * B_c, head_k,
-                            batch);
+                tma_load_4d(sK + g * (B_c * 128), &p.tm_k, kv_full, g * 64,
+                            seq.k_row0() + j * B_c, head_k, seq.k_batch());
+                tma_load_4d(sV + g * (B_c * 128), &p.tm_v, kv_full, g * 64,
+                            seq.k_row0() + j * B_c, head_k, seq.k_batch());
             }
             // L_i log2(e) and D_i: one aligned bulk copy each from the preprocess's padded rows
-            const int rows = (seqlen_q + B_r - 1) / B_r * B_r;
             for (int t = 0; t < steps; ++t) {
                 const int stage = t % STAGES, h = step_head(t), i = step_row_block(t);
                 mbar_wait(free_slot(stage), ((t / STAGES) & 1) ^ 1);
                 mbar_arrive_expect_tx(full(stage), 2 * Tile::ROW_BYTES + 2 * Tile::VEC_BYTES);
                 for (int g = 0; g < GROUPS; ++g) {
                     tma_load_4d(sQ(stage) + g * (B_r * 128), &p.tm_q, full(stage), g * 64,
-                                i * B_r, h, batch);
+                                seq.q_row0() + i * B_r, h, seq.q_batch());
                     tma_load_4d(sdO(stage) + g * (B_r * 128), &p.tm_do, full(stage), g * 64,
-                                i * B_r, h, batch);
+                                seq.q_row0() + i * B_r, h, seq.q_batch());
                 }
-                const long long at = ((long long)batch * nheads + h) * rows + i * B_r;
+                const long long at = row_block_index(h, i) * B_r;
                 bulk_load(sL(stage), p.lse_log2 + at, Tile::VEC_BYTES, full(stage));
                 bulk_load(sD(stage), p.dsum + at, Tile::VEC_BYTES, full(stage));
                 // step t - STAGES freed its slot (the wait above): its dQ tiles follow
@@ -380,7 +395,7 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
             // ALiBi's distance of element e of n8 tile nt: query 8 nt + e % 2, key
             // 8 (e / 2) past the lane's first (dist0), compile-time offsets.
             const ScoreT hook(p, batch, h);  // (this step's query head)
-            const float dist0 = hook.template diagonal<shifted_diagonal<DenseSeq, MaskT>()>(
+            const float dist0 = hook.template diagonal<shifted_diagonal<SeqT, MaskT>()>(
                 p, i * B_r + 2 * (lane % 4), key_lane, seqlen_q, seqlen_k);
             auto hooked = [&](auto softcap) {
                 constexpr bool SOFTCAP = decltype(softcap)::value;
@@ -496,8 +511,7 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                 // B_r x HD) straight from the registers, in fragment order: one 16-byte
                 // reduction per n8 tile, a warp's 32 contiguous in 512 bytes (no staging, no
                 // barrier: the next step's products start at once)
-                const long long row_block = ((long long)batch * nheads + h) * T_r + i;
-                float* mine = p.dq_accum + row_block * (B_r * HD) + g * (B_r * 64) +
+                float* mine = p.dq_accum + row_block_index(h, i) * (B_r * HD) + g * (B_r * 64) +
                               (warp * 8 * 32 + lane) * 4;
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt)
@@ -519,10 +533,10 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                     // < 0: row_blocks can hand a block a padded last row block that sees none
                     // of its keys, with a window's right side below zero, from ring
                     // attention's shifts: its dQ_ij is 0 and it takes no turn); else 1, add
-                    const int row_block = (batch * nheads + h) * T_r + i;
+                    const long long row_block = row_block_index(h, i);
                     *reinterpret_cast<DqMail*>(generic(sMail(wg))) = DqMail{
-                        p.dq_accum + (long long)row_block * (B_r * HD) + g * (B_r * 64),
-                        row_block,
+                        p.dq_accum + row_block * (B_r * HD) + g * (B_r * 64),
+                        static_cast<int>(row_block),
                         ORDERED ? column_blocks<B_r, B_c>(mask, i).end - 1 - j : 1};
                 }
                 fence_proxy_async_shared();
@@ -539,7 +553,8 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
 #pragma unroll
     for (int e2 = 0; e2 < 2; ++e2) {
         const int key = key_lane + 8 * e2;
-        const long long at = batch * p.dk_stride_b + key * p.dk_stride_s + head_k * p.dk_stride_h;
+        const long long at = seq.k_offset(p.dk_stride_b, p.dk_stride_s) + key * p.dk_stride_s +
+                             head_k * p.dk_stride_h;
         store_accumulator_row<T>(dk, e2, static_cast<elem_t*>(p.dk) + at, key < seqlen_k, p.d,
                                  lane);
         store_accumulator_row<T>(dv, e2, static_cast<elem_t*>(p.dv) + at, key < seqlen_k, p.d,

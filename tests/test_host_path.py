@@ -941,6 +941,35 @@ def test_backward_varlen_runs_the_packed_kernels(fake):
     assert cfg.dq_bulk and p["ws_blocks"] == -(-312 // cfg.B_r) + 4 and p["row_block_offsets"]
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_backward_varlen_runs_the_packed_hopper_kernels(fake, causal):
+    """backward_varlen on an sm_90 GPU: the Hopper backward's PackedSeq kernels over the whole
+    batch (grid: the longest entry's column blocks, the kv heads, the entries), with the
+    packed fields, and D, L log2 e and the dQ sums in the entries' own row blocks of B_r rows
+    (ws_blocks, row_block_offsets); deterministic, entry by entry as before."""
+    lens_q, lens_k = [5, 0, 300, 7], [9, 4, 250, 0]
+    q, k, v, cu_q, cu_k = _packed_qkv(lens_q, lens_k)
+    dout = FakeArray(np.ones(q.shape, np.float16))
+    lse = FakeArray(np.zeros((4, q.shape[0]), np.float32))
+    dq, dk, dv = _api.backward_varlen(dout, q, k, v, dout, lse, cu_q, cu_k, causal=causal)
+    (pre, pgrid, _, _, pp), (main, grid, _, smem, p), (fin, _, _, _, _) = fake
+    cfg = _plan.sm90_backward_config(64)
+    names = _plan.sm90_backward_names("float16", cfg, causal, packed=True)
+    assert (pre, main, fin) == (names["pre"], names["main"], names["dq"])
+    assert main.endswith("false, cuflash::ScoreScale, cuflash::PackedSeq>")
+    assert grid == (-(-250 // cfg.B_c), 2, 4) and smem == cfg.smem_bytes
+    assert pgrid[0] * (128 // pp["lanes"]) >= -(-300 // 64) * 64  # (the longest, padded)
+    assert (p["seqlen_q"], p["seqlen_k"], p["total_q"], p["deterministic"]) == (300, 250, 312, 0)
+    assert p["cu_seqlens_q"] != 0 and p["cu_seqlens_k"] != 0 and p["row_block_offsets"] != 0
+    assert p["ws_blocks"] == -(-312 // cfg.B_r) + 4
+    assert pp == p and (p["q"], p["dq"], p["dk"]) == (q.data.ptr, dq.data.ptr, dk.data.ptr)
+    fake.clear()
+    _api.backward_varlen(dout, q, k, v, dout, lse, cu_q, cu_k, causal=causal,
+                         deterministic=True)
+    assert all("fa2_backward_sm90<" not in name or "PackedSeq" not in name
+               for name, *_ in fake)
+
+
 @pytest.mark.parametrize("bulk", [1, 0])
 def test_packed_dq_workspace_is_compact(fake, bulk):
     """backward_varlen's float32 dQ sums cover the entries' own rows: (heads, total_q, HD) with

@@ -234,23 +234,25 @@ def test_each_architecture_class_builds_the_shapes_planned_for_it():
             # dim (sliding windows: local; the score hook: hooked; variable-length batches:
             # packed; on their own tiles where listed), the backward's three kernels per
             # bucket up to 128, mask and order, windows and the deterministic mode included
-            # (dense; with the score hook, the hooked buckets)
+            # (with the score hook, the hooked buckets; packed batches: not ordered)
             tiles = {(cfg, c, local, hooked, packed) for HD in _plan.HEAD_DIM_BUCKETS
                      for c, local, hooked, packed in itertools.product((False, True), repeat=4)
                      for cfg in _plan.sm90_forward_configs(HD, c, local or hooked, packed,
                                                           local and hooked)}
             backward = {(_plan.sm90_backward_config(HD, local, ordered, hooked), c, local,
-                         ordered, hooked)
+                         ordered, hooked, packed)
                         for HD in _plan.SM90_BACKWARD_BUCKETS
-                        for c, local, ordered, hooked in itertools.product((False, True),
-                                                                           repeat=4)
-                        if not hooked or HD in _plan.SM90_HOOKED_BACKWARD_BUCKETS}
+                        for c, local, ordered, hooked, packed in itertools.product(
+                            (False, True), repeat=5)
+                        if (not hooked or HD in _plan.SM90_HOOKED_BACKWARD_BUCKETS)
+                        and not (packed and ordered)}
             assert names == {_plan.sm90_forward_kernel_name(dt, cfg, c, local, hooked, packed)
                              for dt in _plan.ELEMENT_TAGS
                              for cfg, c, local, hooked, packed in tiles} | \
-                {name for dt in _plan.ELEMENT_TAGS for cfg, c, local, ordered, hooked in backward
-                 for name in _plan.sm90_backward_names(dt, cfg, c, local, ordered,
-                                                       hooked).values()}
+                {name for dt in _plan.ELEMENT_TAGS
+                 for cfg, c, local, ordered, hooked, packed in backward
+                 for name in _plan.sm90_backward_names(dt, cfg, c, local, ordered, hooked,
+                                                       packed).values()}
             assert all(cfg.smem_bytes <= smems[0] for cfg, *_ in tiles | backward)
             continue
         bulk = _plan.has_bulk_copy(int(arch))  # the dQ bulk reduction: sm_90 only
