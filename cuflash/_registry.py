@@ -213,11 +213,11 @@ def sm90_backward_grid(cfg, seqlen_k: int, nheads_k: int, batch: int, causal: bo
     walks every query head of its kv head's group. Ordered without the causal mask, (H, column
     blocks, batch x kv heads / H): the (batch, kv head) pairs in groups of H
     (ordered_wave_heads), each group's blocks started column rank by column rank
-    (fa2_backward_sm90.cu; backward_grid's limit on T_c)."""
+    (fa2_backward_sm90.cu; the same limit on T_c as backward_grid's)."""
     T_c = (seqlen_k + cfg.B_c - 1) // cfg.B_c
-    if not (ordered and not causal):
+    if not ordered or causal:
         return backward_grid(T_c, nheads_k, batch, causal, ordered)
-    backward_grid(T_c, nheads_k, batch, causal, ordered)  # (its limit on T_c)
+    _ordered_column_blocks(T_c)
     H = ordered_wave_heads(batch * nheads_k, sms)
     return (H, T_c, batch * nheads_k // H)
 
@@ -276,12 +276,18 @@ def backward_grid(T_c: int, grid_heads: int, batch: int, causal: bool, ordered: 
     (grid_heads, batch, T_c), so that block x of every (batch, head) starts before any block
     x + 1 (fa2_backward.cu, "Deterministic mode"). grid_heads = kv heads x head parts."""
     if ordered and not causal:
-        if T_c > GRID_YZ_MAX:
-            raise ValueError(f"deterministic=True without the causal mask handles at most "
-                             f"{GRID_YZ_MAX} key blocks ({T_c} here): use shorter key "
-                             f"sequences, causal=True, or deterministic=False")
-        return (grid_heads, batch, T_c)
+        return (grid_heads, batch, _ordered_column_blocks(T_c))
     return (splits or T_c, grid_heads, batch)
+
+
+def _ordered_column_blocks(T_c: int) -> int:
+    """T_c, checked against the grid dimension that holds it in the ordered grids without the
+    causal mask (backward_grid's gridDim.z, the Hopper backward's gridDim.y)."""
+    if T_c > GRID_YZ_MAX:
+        raise ValueError(f"deterministic=True without the causal mask handles at most "
+                         f"{GRID_YZ_MAX} key blocks ({T_c} here): use shorter key "
+                         f"sequences, causal=True, or deterministic=False")
+    return T_c
 
 
 def head_parts(group: int, blocks_per_part: int, sms: int) -> int:

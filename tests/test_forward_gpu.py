@@ -155,8 +155,8 @@ def test_row_maxima_rising_across_key_blocks(dt, causal, family):
 def test_long_key_sequences(dt, causal, d, family):
     """Keys past every short-sequence limit (the Hopper family's SM90_SHORT_KEYS, the portable
     SHORT_KEYS), so that each bucket's usual tile runs too; odd lengths, GQA."""
-    longest = max(max(v) for table in (_plan.SM90_SHORT_KEYS, _plan.SHORT_KEYS)
-                  for v in table.values())
+    longest = max(max(limits) for table in (_plan.SM90_SHORT_KEYS, _plan.SHORT_KEYS)
+                  for limits in table.values())
     q, k, v = make_qkv((1, 259, 4, d), (1, longest + 3, 2, d), DTYPES[dt], False)
     run_and_check(q, k, v, causal)
 
