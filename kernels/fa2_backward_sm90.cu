@@ -177,7 +177,7 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
             const int nbatch = BY_HEAD ? gridDim.x * gridDim.z / kv_heads : gridDim.z;
             int* tickets = p.dq_order + (long long)nbatch * nheads * T_r;  // (after the turns)
             *reinterpret_cast<int*>(generic(sTicket)) =
-                atomicAdd(tickets + batch * (nheads / p.group) + head_k, 1);
+                atomicAdd(tickets + batch * kv_heads + head_k, 1);
         }
         __syncthreads();
         j = (p.seqlen_k + B_c - 1) / B_c - 1 - ld_shared_s32(sTicket);
