@@ -415,14 +415,8 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                             }
                             x = hook.alibi(x, dist0 + static_cast<float>(8 * nt + e1 - 8 * e2));
                             const float l = e1 ? l2[nt].y : l2[nt].x;
-                            // (with the softcap, whose tanh takes the MUFU unit too, every
-                            // other n8 tile's exponential on the FMA pipe: exp2_poly; not in
-                            // the ordered mode, where it spilled 8 bytes)
-                            constexpr bool POLY = SOFTCAP && !ORDERED;
                             pe[e1] = s_raw == CUFLASH_NEG_INF ? 0.f
-                                     : POLY && nt % 2 == 1
-                                         ? exp2_poly(fmaf(x, p.scale_log2, -l))
-                                         : exp2_approx(fmaf(x, p.scale_log2, -l));
+                                                        : exp2_approx(fmaf(x, p.scale_log2, -l));
                             st[nt][2 * e2 + e1] = pe[e1] * dfactor;
                         }
                         pa[nt / 2][2 * (nt % 2) + e2] = T::pack(pe[0], pe[1]);
