@@ -1238,7 +1238,7 @@ def backward(dout, q, k, v, out, lse, causal: bool = False,
     deterministic : bool
         Bitwise-identical gradients on every run (dQ is summed in a fixed order instead of by
         racing atomics): on the H200, 0.97-1.14x the default's time with the portable
-        backward, 1.19-1.50x with the Hopper backward (bf16 grid, PERFORMANCE.md).
+        backward, 0.92-1.14x with the Hopper backward (bf16 grid, session 16, PERFORMANCE.md).
     dq, dk, dv : optional preallocated outputs: C-contiguous, on a 16-byte boundary, sharing
         no memory with each other or with dout, q, k, v, out, lse.
 

@@ -49,8 +49,9 @@
 // BackwardTileSm90<HD, STAGES> (HD the head dim padded to 64 or 128), MaskT = Mask<CAUSAL,
 // LOCAL> (LOCAL: a sliding window's lower limit; ring attention's shifted blocks come as
 // windows too), ORDERED (the deterministic mode: dQ's additions in a fixed order), ScoreT
-// (ScoreScale | ScoreHook, score.cuh: softcap and ALiBi). Variable-length batches, d > 128 and
-// the score hook above d 64 run on the portable backward (cuflash/_api.py).
+// (ScoreScale | ScoreHook, score.cuh: softcap and ALiBi), SeqT (DenseSeq | PackedSeq,
+// seqinfo.cuh: variable-length batches, not ORDERED). d > 128 and the score hook above d 64
+// run on the portable backward (cuflash/_api.py).
 #include "common.cuh"
 #include "hopper.cuh"
 #include "params.cuh"
