@@ -1488,7 +1488,7 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
     features: the window's and the hook's parameter fields (none without them). config: an
     explicit Sm90BackwardConfig (the bench's), else the table's. packed: a variable-length
     batch (_backward's; (1, total, heads, d) views), the PackedSeq kernels. Returns False,
-    launching nothing, where the head dim (with the hook: SM90_HOOKED_BACKWARD_BUCKETS) takes
+    launching nothing, where the head dim (with the hook: _plan.sm90_backward_buckets) takes
     the portable backward, TMA cannot describe q, k, v or dout, or a packed batch comes
     with deterministic=True or a scratch arena."""
     causal, local, ordered, hooked = kind
@@ -1501,7 +1501,7 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
         total_q = seqlen_q
         batch, seqlen_q, seqlen_k = packed.batch, packed.max_seqlen_q, packed.max_seqlen_k
         fields = packed.fields
-    table = _plan.sm90_backward_config(d, local, ordered, hooked)
+    table = _plan.sm90_backward_config(d, local, ordered, hooked, packed is not None)
     cfg = config or table
     if table is None or cfg.HD != table.HD:  # (an explicit tile of another head-dim bucket:
         return False                          # its kernel would not fit d)

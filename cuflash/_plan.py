@@ -647,9 +647,9 @@ def _table() -> dict:
     # causal with a window and the hook), where main's kernel had none.
     put("sm90a", "fwd_packed", 256, None, [_h(256, 64, 2, handover=False)])
 
-    # the Hopper backward (class sm90a, kernels/fa2_backward_sm90.cu): d <= 128, dense (the
-    # score hook: d 64, SM90_HOOKED_BACKWARD_BUCKETS; the rest: the "sm90" rows above); the
-    # deterministic mode on the same tiles.
+    # the Hopper backward (class sm90a, kernels/fa2_backward_sm90.cu): d <= 128 (the score
+    # hook over a variable-length batch: d 64, sm90_backward_buckets; the rest: the "sm90" rows
+    # above); the deterministic mode on the same tiles.
     # Two Q_i / dO_i slots (session 14: 0.91-1.01x cuDNN on the bf16 grid; at d 128 three
     # slots measured within 2.5% of two, both ways).
     for HD in (64, 128):
@@ -727,20 +727,33 @@ def sm90_forward_kernel_name(dtype_name: str, cfg: Sm90ForwardConfig, causal: bo
 SM90_FORWARD_FILE = "fa2_forward_sm90.cu"
 SM90_BACKWARD_FILE = "fa2_backward_sm90.cu"
 # The head-dim buckets of the Hopper backward (larger head dims run the portable one), and
-# those with the score hook (softcap, ALiBi): at d 128 the hooked consumers spilled 8-88 bytes
-# (4-44 with L_i read inside the pass; clean only causal, not ordered, without a window:
-# compile check, session 14), so d 128 hooked calls stay portable.
+# those with the score hook (softcap, ALiBi). d 128's hooked consumers spilled 8-88 bytes with
+# dP^T's accumulators held through the hook's pass (session 14); issued after it (LATE_DP in
+# the kernel) the dense ones are spill-free, but a variable-length batch's still spill 28-60
+# bytes (the entry's offsets), so d 128 hooked packed calls stay portable (compile check,
+# session 17).
 SM90_BACKWARD_BUCKETS = (64, 128)
-SM90_HOOKED_BACKWARD_BUCKETS = (64,)
+SM90_HOOKED_BACKWARD_BUCKETS = (64, 128)
+SM90_HOOKED_PACKED_BACKWARD_BUCKETS = (64,)
+
+
+def sm90_backward_buckets(hooked: bool = False, packed: bool = False) -> tuple:
+    """The head-dim buckets that take the Hopper backward, with the score hook (hooked) and
+    over a variable-length batch (packed)."""
+    if hooked:
+        return SM90_HOOKED_PACKED_BACKWARD_BUCKETS if packed else SM90_HOOKED_BACKWARD_BUCKETS
+    return SM90_BACKWARD_BUCKETS
 
 
 def sm90_backward_config(d: int, local: bool = False, ordered: bool = False,
-                         hooked: bool = False) -> Sm90BackwardConfig | None:
+                         hooked: bool = False, packed: bool = False
+                         ) -> Sm90BackwardConfig | None:
     """The Hopper backward's tile for head dim d (TILES, class "sm90a"; local, ordered: with a
     sliding window, in the deterministic mode: "bwd_feat" where listed; hooked: with the score
-    hook), or None where the call takes the portable backward."""
+    hook; packed: over a variable-length batch), or None where the call takes the portable
+    backward."""
     HD = sm90_head_dim_bucket(d)
-    if HD not in (SM90_HOOKED_BACKWARD_BUCKETS if hooked else SM90_BACKWARD_BUCKETS):
+    if HD not in sm90_backward_buckets(hooked, packed):
         return None
     if (local or ordered) and ("sm90a", "bwd_feat", HD, False) in TILES:
         return TILES[("sm90a", "bwd_feat", HD, False)][0]

@@ -199,7 +199,7 @@ def sm90_backward_plan(dtype_name: str, d: int, causal: bool, config=None,
     Sm90BackwardConfig, the bench's; local: with a window's lower limit; ordered: the
     deterministic mode's; hooked: with the score hook; packed: a variable-length batch), or
     None where the call takes the portable backward."""
-    cfg = config or _plan.sm90_backward_config(d, local, ordered, hooked)
+    cfg = config or _plan.sm90_backward_config(d, local, ordered, hooked, packed)
     if cfg is None:
         return None
     return Plan(cfg, _plan.sm90_backward_names(dtype_name, cfg, causal, local, ordered, hooked,
@@ -241,8 +241,7 @@ def ordered_wave_heads(pairs: int, sms: int) -> int:
 
 def _sm90_backward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False,
                          packed=False) -> list:
-    if HD not in (_plan.SM90_HOOKED_BACKWARD_BUCKETS if hooked
-                  else _plan.SM90_BACKWARD_BUCKETS):
+    if HD not in _plan.sm90_backward_buckets(hooked, packed):
         return []
     # (packed batches: no ordered mode, their deterministic calls run entry by entry)
     return [sm90_backward_plan(dt, HD, causal, local=local, ordered=ordered, hooked=hooked,

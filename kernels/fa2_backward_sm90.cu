@@ -50,8 +50,9 @@
 // LOCAL> (LOCAL: a sliding window's lower limit; ring attention's shifted blocks come as
 // windows too), ORDERED (the deterministic mode: dQ's additions in a fixed order), ScoreT
 // (ScoreScale | ScoreHook, score.cuh: softcap and ALiBi), SeqT (DenseSeq | PackedSeq,
-// seqinfo.cuh: variable-length batches, not ORDERED). d > 128 and the score hook above d 64
-// run on the portable backward (cuflash/_api.py).
+// seqinfo.cuh: variable-length batches, not ORDERED). d > 128, and the score hook over a
+// variable-length batch above d 64, run on the portable backward (cuflash/_plan.py,
+// sm90_backward_buckets).
 #include "common.cuh"
 #include "hopper.cuh"
 #include "params.cuh"
@@ -361,11 +362,15 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         const int stage = t % STAGES, h = step_head(t), i = step_row_block(t);
         mbar_wait(full(stage), (t / STAGES) & 1);
 
-        // S^T = K_j Q_i^T and dP^T = V_j dO_i^T (64 keys x B_r queries)
+        // S^T = K_j Q_i^T and dP^T = V_j dO_i^T (64 keys x B_r queries). LATE_DP (the score
+        // hook at d 128): dP^T is issued after the hook's pass, behind dV's product, so that
+        // its accumulators are not held through the pass (held, the pass spilled 8-88 bytes
+        // there: session 14's compile check).
+        constexpr bool LATE_DP = ScoreT::REWRITES && HD > 64;
         float st[NT_S][4], dpt[NT_S][4];
         wgmma_fence();
         issue_rows_by_rows(st, k_rows, sQ(stage));
-        issue_rows_by_rows(dpt, v_rows, sdO(stage));
+        if constexpr (!LATE_DP) issue_rows_by_rows(dpt, v_rows, sdO(stage));
         // L_i log2 e along the columns (this lane's queries 8 nt + 2 (lane % 4) + e1), read
         // while the products run: read after the wait, these loads queued behind the
         // products' own shared-memory reads and the first exponent waited on them (ncu,
@@ -379,7 +384,7 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         };
         constexpr bool EARLY_L = !(ORDERED && MaskT::LOCAL);
         if constexpr (EARLY_L) load_l2();
-        wgmma_wait<1>();  // S^T is done (dP^T may still run)
+        wgmma_wait<LATE_DP ? 0 : 1>();  // S^T is done (dP^T may still run)
         fence_accumulators(st);
         if constexpr (!EARLY_L) load_l2();
 
@@ -429,6 +434,10 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                 hooked(Int<0>{});
             // dV_j += P^T dO_i: P^T from registers, dO_i N-major
             issue_packed_by_rows(dv, pa, sdO(stage));
+            if constexpr (LATE_DP) {  // dP^T = V_j dO_i^T, now
+                wgmma_fence();
+                issue_rows_by_rows(dpt, v_rows, sdO(stage));
+            }
         } else {
 #pragma unroll
             for (int nt = 0; nt < NT_S; ++nt) {
@@ -442,7 +451,7 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
             // dV_j += P^T dO_i: P^T from registers, dO_i N-major
             issue_registers_by_rows(dv, pa, st, sdO(stage));
         }
-        wgmma_wait<1>();  // dP^T is done (dV may still run)
+        wgmma_wait<LATE_DP ? 0 : 1>();  // dP^T is done (dV may still run; LATE_DP: done)
         fence_accumulators(dpt);
 
         // dS^T = P^T ∘ (dP^T - D_i), D_i along the columns (with the hook, st holds P^T times

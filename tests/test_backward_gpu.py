@@ -100,9 +100,8 @@ def test_backward_fully_masked_rows(dt, family):
 
 def test_hopper_backward_is_the_default_on_sm90(monkeypatch):
     """On an sm_90 GPU backward() runs the Hopper family for a call it covers (dense, d <= 128,
-    windows and the deterministic mode included; with the softcap or ALiBi d <= 64), and the
-    portable one under portable_kernels(), for d 256 and with the softcap at d 128; accurate
-    both ways."""
+    windows, the deterministic mode, the softcap and ALiBi included), and the portable one
+    under portable_kernels() and for d 256; accurate both ways."""
     if cp.cuda.Device().compute_capability != "90":
         pytest.skip("not an sm_90 GPU: the Hopper backward does not run here")
     taken = []
@@ -115,7 +114,10 @@ def test_hopper_backward_is_the_default_on_sm90(monkeypatch):
                                   (64, [True], {"softcap": 20.0}),
                                   (64, [True], {"alibi_slopes": cp.full((4,), 0.25,
                                                                         dtype=cp.float32)}),
-                                  (128, [False], {"softcap": 20.0})):
+                                  (128, [True], {"softcap": 20.0}),
+                                  (128, [True], {"alibi_slopes": cp.full((4,), 0.25,
+                                                                         dtype=cp.float32),
+                                                 "deterministic": True})):
         taken.clear()
         check_gradients(*make_inputs(2, 300, 333, 4, 2, d, DTYPES["bf16"]), True, **features)
         assert taken == expected, (d, features, taken)

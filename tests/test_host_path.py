@@ -610,11 +610,8 @@ def test_sm90_backward_packs_one_struct_for_its_three_kernels(fake, causal, d, d
 
 
 def test_sm90_backward_leaves_other_calls_to_the_portable_one(fake):
-    """d 256, the softcap or ALiBi at d 128, d 59: the portable backward, on an sm_90 GPU
-    too."""
-    slopes = FakeArray(np.full((2,), 0.5, np.float32))
-    for d, kwargs in ((256, {}), (128, {"softcap": 20.0}), (128, {"alibi_slopes": slopes}),
-                      (59, {})):
+    """d 256 and d 59: the portable backward, on an sm_90 GPU too."""
+    for d, kwargs in ((256, {}), (59, {})):
         q, k, v = _qkv(1, 200, 200, 2, 2, d)
         dout = FakeArray(np.ones(q.shape, np.float16))
         out = FakeArray(np.ones(q.shape, np.float16))
@@ -624,26 +621,27 @@ def test_sm90_backward_leaves_other_calls_to_the_portable_one(fake):
         assert "fa2_backward<" in fake[1][0], (d, kwargs)
 
 
-def test_sm90_backward_takes_the_hook_at_d64(fake):
-    """The softcap and ALiBi at d <= 64 run the Hopper backward's hooked kernel, the hook's
+@pytest.mark.parametrize("d", [64, 128])
+def test_sm90_backward_takes_the_hook(fake, d):
+    """The softcap and ALiBi at d <= 128 run the Hopper backward's hooked kernel, the hook's
     fields in its struct (softcap 20: softcap_in = scale / 20, softcap_out = 20 / scale; the
     slopes' pointer), deterministic or not."""
     slopes = FakeArray(np.full((2,), 0.5, np.float32))
     for kwargs in ({"softcap": 20.0}, {"alibi_slopes": slopes},
                    {"softcap": 20.0, "alibi_slopes": slopes, "deterministic": True}):
-        q, k, v = _qkv(1, 200, 200, 2, 2, 64)
+        q, k, v = _qkv(1, 200, 200, 2, 2, d)
         dout = FakeArray(np.ones(q.shape, np.float16))
         out = FakeArray(np.ones(q.shape, np.float16))
         lse = FakeArray(np.zeros((1, 2, 200), np.float32))
         del fake[:]
         _api.backward(dout, q, k, v, out, lse, causal=True, **kwargs)
         ordered = kwargs.get("deterministic", False)
-        cfg = _plan.sm90_backward_config(64, ordered=ordered, hooked=True)
+        cfg = _plan.sm90_backward_config(d, ordered=ordered, hooked=True)
         main = fake[1]
         assert main[0] == _plan.sm90_backward_names("float16", cfg, True, ordered=ordered,
                                                     hooked=True)["main"], kwargs
         assert main[0].endswith(", cuflash::ScoreHook>")
-        p, scale = main[4], 64 ** -0.5
+        p, scale = main[4], d ** -0.5
         if "softcap" in kwargs:
             assert p["softcap_in"] == pytest.approx(scale / 20.0)
             assert p["softcap_out"] == pytest.approx(20.0 / scale)
@@ -772,9 +770,10 @@ def test_score_hook_picks_the_hooked_kernel_and_packs_it(fake, monkeypatch, fami
         _api.backward(dout, q, k, v, dout, lse, **kw)
     _, main, _ = fake
     assert main[0].endswith("cuflash::ScoreHook>") == hooked
-    if family == "sm90" and not hooked:  # (the Hopper backward: no hook)
-        cfg = _plan.sm90_backward_config(128)
-        assert main[0] == _plan.sm90_backward_names("float16", cfg, True)["main"]
+    if family == "sm90":  # (the Hopper backward, hooked or not)
+        cfg = _plan.sm90_backward_config(128, hooked=hooked)
+        assert main[0] == _plan.sm90_backward_names("float16", cfg, True,
+                                                    hooked=hooked)["main"]
     else:
         bcfg = _plan.backward_config(128, 227 * 1024, True, hooked=hooked)
         assert main[0] == _plan.backward_kernel_name("float16", bcfg, True, hooked=hooked)
@@ -968,6 +967,28 @@ def test_sm90_backward_varlen_runs_the_packed_hopper_kernels(fake, causal):
                          deterministic=True)
     assert all("fa2_backward_sm90<" not in name or "PackedSeq" not in name
                for name, *_ in fake)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_sm90_backward_varlen_with_the_hook(fake, d):
+    """The softcap over a variable-length batch: the Hopper backward's hooked PackedSeq kernel
+    at d 64; at d 128 the portable backward (the packed hooked d 128 kernels spill:
+    _plan.sm90_backward_buckets), while d 128's dense hooked calls take the Hopper one."""
+    q, k, v, cu_q, cu_k = _packed_qkv([5, 0, 300, 7], [9, 4, 250, 0], d=d)
+    dout = FakeArray(np.ones(q.shape, np.float16))
+    lse = FakeArray(np.zeros((4, q.shape[0]), np.float32))
+    _api.backward_varlen(dout, q, k, v, dout, lse, cu_q, cu_k, causal=True, softcap=20.0)
+    mains = [name for name, *_ in fake if name.startswith("cuflash::fa2_backward")
+             and "preprocess" not in name and "dq" not in name]
+    if d == 64:
+        cfg = _plan.sm90_backward_config(64, hooked=True, packed=True)
+        assert mains == [_plan.sm90_backward_names("float16", cfg, True, hooked=True,
+                                                   packed=True)["main"]]
+        assert mains[0].endswith("cuflash::ScoreHook, cuflash::PackedSeq>")
+    else:
+        assert _plan.sm90_backward_config(128, hooked=True, packed=True) is None
+        assert _plan.sm90_backward_config(128, hooked=True) is not None
+        assert len(mains) == 1 and mains[0].startswith("cuflash::fa2_backward<"), mains
 
 
 @pytest.mark.parametrize("bulk", [1, 0])

@@ -239,12 +239,12 @@ def test_each_architecture_class_builds_the_shapes_planned_for_it():
                      for c, local, hooked, packed in itertools.product((False, True), repeat=4)
                      for cfg in _plan.sm90_forward_configs(HD, c, local or hooked, packed,
                                                           local and hooked)}
-            backward = {(_plan.sm90_backward_config(HD, local, ordered, hooked), c, local,
-                         ordered, hooked, packed)
+            backward = {(_plan.sm90_backward_config(HD, local, ordered, hooked, packed), c,
+                         local, ordered, hooked, packed)
                         for HD in _plan.SM90_BACKWARD_BUCKETS
                         for c, local, ordered, hooked, packed in itertools.product(
                             (False, True), repeat=5)
-                        if (not hooked or HD in _plan.SM90_HOOKED_BACKWARD_BUCKETS)
+                        if HD in _plan.sm90_backward_buckets(hooked, packed)
                         and not (packed and ordered)}
             assert names == {_plan.sm90_forward_kernel_name(dt, cfg, c, local, hooked, packed)
                              for dt in _plan.ELEMENT_TAGS
