@@ -241,10 +241,11 @@ def test_backward_sliding_windows(window, causal, deterministic, family):
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_backward_softcap_and_alibi(softcap, alibi, causal, deterministic, family):
     """Gradients through the score hook (the softcap's 1 - tanh^2; ALiBi's bias has none); on
-    an sm_90 GPU the d 64 case runs the Hopper backward's hooked kernel by default."""
+    an sm_90 GPU they run the Hopper backward's hooked kernels by default (d 128: dP^T issued
+    after the hook's pass)."""
     rng = np.random.default_rng(3)
     for sq, sk, d, dt in ((259, 531, 64, "bf16"), (400, 161, 64, "fp16"),
-                          (400, 161, 128, "fp16")):
+                          (400, 161, 128, "fp16"), (259, 531, 128, "bf16")):
         q, k, v, dout = make_inputs(2, sq, sk, 4, 2, d, DTYPES[dt], scale_q=3.0)
         slopes = cp.asarray(rng.uniform(0.01, 0.5, (2, 4)).astype(np.float32)) if alibi \
             else None
