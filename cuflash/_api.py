@@ -379,9 +379,12 @@ def _check_slopes(alibi_slopes, nheads: int, batch: int) -> None:
 
 def _softcap_fields(cap: float, scale: float) -> dict:
     """The softcap as the kernels' two factors on the unscaled S (score.cuh): tanh(S scale /
-    cap) times cap / scale; softcap_in = 0 turns it off."""
+    cap) times cap / scale; softcap_in = 0 turns it off. softcap_log2 = cap log2(e): the
+    Hopper backward's exponent of tanh without ALiBi (the two factors of S's units and the
+    scale's folded in)."""
     return {"softcap_in": scale / cap if cap > 0 else 0.0,
-            "softcap_out": cap / scale if cap > 0 else 1.0}
+            "softcap_out": cap / scale if cap > 0 else 1.0,
+            "softcap_log2": cap * _LOG2E if cap > 0 else 0.0}
 
 
 def _call_features(cupy, causal, window_size, softcap, alibi_slopes, q, batch, seqlen_q,

@@ -131,6 +131,8 @@ _HOOK = [Field("alibi_slopes", "ptr", "ALiBi slopes per (batch, head), float32",
                0),
          Field("softcap_in", "f32", "softmax_scale / softcap (0: no softcap)", "", 0.0),
          Field("softcap_out", "f32", "softcap / softmax_scale", "", 1.0),
+         Field("softcap_log2", "f32", "softcap * log2(e) (Hopper backward: the softcap's "
+               "exponent without ALiBi)", "", 0.0),
          Field("alibi_stride_b", "i32", "batch stride of alibi_slopes (0: one row for all)",
                "", 0),
          Field("alibi_shift", "f32", "ALiBi, dense: row i's diagonal is key i + seqlen_k - "

@@ -390,21 +390,29 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
 
         // P^T = exp2(scale_log2 S^T - L_i log2 e): mask (mask.cuh) on blocks that cross a
         // limit
-        if (block_needs_mask<B_r, B_c>(mask, i, j))
-            mask_fragment_transposed(mask, st, key_lane, i * B_r, lane);
+        const bool masked = block_needs_mask<B_r, B_c>(mask, i, j);
+        if (masked) mask_fragment_transposed(mask, st, key_lane, i * B_r, lane);
         unsigned pa[B_r / 16][4];
         if constexpr (ScoreT::REWRITES) {
-            // With the score hook (score.cuh), each element in one pass: S^T hooked (hidden
-            // ones, -inf, give P = 0), P^T, packed into dV's A fragments, and in st
-            // P^T times the hook's derivative (the softcap's 1 - tanh^2), all that dS needs
-            // of it: no array beside st for the derivative (a second one spilled at d 128).
-            // ALiBi's distance of element e of n8 tile nt: query 8 nt + e % 2, key
-            // 8 (e / 2) past the lane's first (dist0), compile-time offsets.
+            // With the score hook (score.cuh), each element in one pass: S^T hooked, P^T,
+            // packed into dV's A fragments, and in st P^T times the hook's derivative (the
+            // softcap's 1 - tanh^2), all that dS needs of it: no array beside st for the
+            // derivative (a second one spilled at d 128). ALiBi's distance of element e of n8
+            // tile nt: query 8 nt + e % 2, key 8 (e / 2) past the lane's first (dist0),
+            // compile-time offsets.
             const ScoreT hook(p, batch, h);  // (this step's query head)
             const float dist0 = hook.template diagonal<shifted_diagonal<SeqT, MaskT>()>(
                 p, i * B_r + 2 * (lane % 4), key_lane, seqlen_q, seqlen_k);
-            auto hooked = [&](auto softcap) {
-                constexpr bool SOFTCAP = decltype(softcap)::value;
+            // One straight loop per combination, the features tested once per step (uniform):
+            //   SOFTCAP alone: exponent tanh(S^T scale / softcap) (softcap log2 e) - L_i log2 e,
+            //     the factors folded into p.softcap_log2;
+            //   ALIBI: S^T hooked in S's units, then the plain exponent;
+            //   TEST (the softcap on a masked block): hidden elements are -inf, which the
+            //     softcap would bring back to -softcap; they give P = 0. Without the softcap
+            //     -inf stays -inf (P = exp2(-inf) = 0), and unmasked blocks have none.
+            auto hooked = [&](auto softcap, auto alibi, auto test) {
+                constexpr bool SOFTCAP = decltype(softcap)::value, ALIBI = decltype(alibi)::value;
+                constexpr bool TEST = decltype(test)::value;
 #pragma unroll
                 for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
@@ -413,25 +421,42 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
 #pragma unroll
                         for (int e1 = 0; e1 < 2; ++e1) {
                             const float s_raw = st[nt][2 * e2 + e1];
-                            float x = s_raw, dfactor = 1.f;
+                            float x = s_raw, dfactor = 1.f, exponent_scale = p.scale_log2;
                             if constexpr (SOFTCAP) {
                                 const float th = ScoreHook::softcap_tanh(s_raw, p.softcap_in);
-                                x = p.softcap_out * th;
+                                x = ALIBI ? p.softcap_out * th : th;
                                 dfactor = 1.f - th * th;
+                                if constexpr (!ALIBI) exponent_scale = p.softcap_log2;
                             }
-                            x = hook.alibi(x, dist0 + static_cast<float>(8 * nt + e1 - 8 * e2));
+                            if constexpr (ALIBI)
+                                x = hook.alibi(x, dist0 + static_cast<float>(8 * nt + e1 - 8 * e2));
                             const float l = e1 ? l2[nt].y : l2[nt].x;
-                            pe[e1] = s_raw == CUFLASH_NEG_INF ? 0.f
-                                                        : exp2_approx(fmaf(x, p.scale_log2, -l));
-                            st[nt][2 * e2 + e1] = pe[e1] * dfactor;
+                            pe[e1] = TEST && s_raw == CUFLASH_NEG_INF
+                                         ? 0.f
+                                         : exp2_approx(fmaf(x, exponent_scale, -l));
+                            st[nt][2 * e2 + e1] = SOFTCAP ? pe[e1] * dfactor : pe[e1];
                         }
                         pa[nt / 2][2 * (nt % 2) + e2] = T::pack(pe[0], pe[1]);
                     }
             };
-            if (p.softcap_in != 0.f)  // (uniform: tested once, each variant one straight loop)
-                hooked(Int<1>{});
-            else
-                hooked(Int<0>{});
+            // FAST: the softcap's four loops where they fit (d 64, dense, not ORDERED: the
+            // others spilled 8-68 bytes with them, session 17's compile check); elsewhere one,
+            // with both features and the test.
+            constexpr bool FAST = HD == 64 && !ORDERED && !SeqT::PACKED;
+            using Y = Int<1>;
+            using N = Int<0>;
+            if constexpr (!FAST) {
+                if (p.softcap_in != 0.f)
+                    hooked(Y{}, Y{}, Y{});
+                else
+                    hooked(N{}, Y{}, Y{});
+            } else if (p.softcap_in == 0.f) {
+                hooked(N{}, Y{}, N{});
+            } else if (p.alibi_slopes == nullptr) {
+                masked ? hooked(Y{}, N{}, Y{}) : hooked(Y{}, N{}, N{});
+            } else {
+                masked ? hooked(Y{}, Y{}, Y{}) : hooked(Y{}, Y{}, N{});
+            }
             // dV_j += P^T dO_i: P^T from registers, dO_i N-major
             issue_packed_by_rows(dv, pa, sdO(stage));
             if constexpr (LATE_DP) {  // dP^T = V_j dO_i^T, now

@@ -39,13 +39,14 @@ struct FwdParams {
     const float* alibi_slopes;      // ALiBi slopes per (batch, head), float32
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale
+    float softcap_log2;             // softcap * log2(e) (Hopper backward: the softcap's exponent without ALiBi)
     int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
     float alibi_shift;              // ALiBi, dense: row i's diagonal is key i + seqlen_k - seqlen_q + alibi_shift (ring attention's blocks)
     const int* cu_seqlens_q;        // packed: cumulative query lengths (batch + 1), int32
     const int* cu_seqlens_k;        // packed: cumulative key lengths (batch + 1), int32
     int total_q;                    // packed: rows of the packed query tensor
 };
-static_assert(sizeof(FwdParams) == 240, "FwdParams: size differs from cuflash/_params.py");
+static_assert(sizeof(FwdParams) == 248, "FwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(FwdParams, q) == 0, "FwdParams.q");
 static_assert(__builtin_offsetof(FwdParams, k) == 8, "FwdParams.k");
@@ -78,11 +79,12 @@ static_assert(__builtin_offsetof(FwdParams, window_right) == 188, "FwdParams.win
 static_assert(__builtin_offsetof(FwdParams, alibi_slopes) == 192, "FwdParams.alibi_slopes");
 static_assert(__builtin_offsetof(FwdParams, softcap_in) == 200, "FwdParams.softcap_in");
 static_assert(__builtin_offsetof(FwdParams, softcap_out) == 204, "FwdParams.softcap_out");
-static_assert(__builtin_offsetof(FwdParams, alibi_stride_b) == 208, "FwdParams.alibi_stride_b");
-static_assert(__builtin_offsetof(FwdParams, alibi_shift) == 212, "FwdParams.alibi_shift");
-static_assert(__builtin_offsetof(FwdParams, cu_seqlens_q) == 216, "FwdParams.cu_seqlens_q");
-static_assert(__builtin_offsetof(FwdParams, cu_seqlens_k) == 224, "FwdParams.cu_seqlens_k");
-static_assert(__builtin_offsetof(FwdParams, total_q) == 232, "FwdParams.total_q");
+static_assert(__builtin_offsetof(FwdParams, softcap_log2) == 208, "FwdParams.softcap_log2");
+static_assert(__builtin_offsetof(FwdParams, alibi_stride_b) == 212, "FwdParams.alibi_stride_b");
+static_assert(__builtin_offsetof(FwdParams, alibi_shift) == 216, "FwdParams.alibi_shift");
+static_assert(__builtin_offsetof(FwdParams, cu_seqlens_q) == 224, "FwdParams.cu_seqlens_q");
+static_assert(__builtin_offsetof(FwdParams, cu_seqlens_k) == 232, "FwdParams.cu_seqlens_k");
+static_assert(__builtin_offsetof(FwdParams, total_q) == 240, "FwdParams.total_q");
 #endif
 
 // Backward kernels (fa2_backward.cu).
@@ -137,6 +139,7 @@ struct BwdParams {
     const float* alibi_slopes;      // ALiBi slopes per (batch, head), float32
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale
+    float softcap_log2;             // softcap * log2(e) (Hopper backward: the softcap's exponent without ALiBi)
     int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
     float alibi_shift;              // ALiBi, dense: row i's diagonal is key i + seqlen_k - seqlen_q + alibi_shift (ring attention's blocks)
     const int* cu_seqlens_q;        // packed: cumulative query lengths (batch + 1), int32
@@ -145,7 +148,7 @@ struct BwdParams {
     const int* row_block_offsets;   // packed, bulk dQ: each entry's first row block in dQ_accum (batch + 1), int32
     int ws_blocks;                  // packed, bulk dQ: row blocks per head in dQ_accum
 };
-static_assert(sizeof(BwdParams) == 384, "BwdParams: size differs from cuflash/_params.py");
+static_assert(sizeof(BwdParams) == 392, "BwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(BwdParams, q) == 0, "BwdParams.q");
 static_assert(__builtin_offsetof(BwdParams, k) == 8, "BwdParams.k");
@@ -197,13 +200,14 @@ static_assert(__builtin_offsetof(BwdParams, window_right) == 316, "BwdParams.win
 static_assert(__builtin_offsetof(BwdParams, alibi_slopes) == 320, "BwdParams.alibi_slopes");
 static_assert(__builtin_offsetof(BwdParams, softcap_in) == 328, "BwdParams.softcap_in");
 static_assert(__builtin_offsetof(BwdParams, softcap_out) == 332, "BwdParams.softcap_out");
-static_assert(__builtin_offsetof(BwdParams, alibi_stride_b) == 336, "BwdParams.alibi_stride_b");
-static_assert(__builtin_offsetof(BwdParams, alibi_shift) == 340, "BwdParams.alibi_shift");
-static_assert(__builtin_offsetof(BwdParams, cu_seqlens_q) == 344, "BwdParams.cu_seqlens_q");
-static_assert(__builtin_offsetof(BwdParams, cu_seqlens_k) == 352, "BwdParams.cu_seqlens_k");
-static_assert(__builtin_offsetof(BwdParams, total_q) == 360, "BwdParams.total_q");
-static_assert(__builtin_offsetof(BwdParams, row_block_offsets) == 368, "BwdParams.row_block_offsets");
-static_assert(__builtin_offsetof(BwdParams, ws_blocks) == 376, "BwdParams.ws_blocks");
+static_assert(__builtin_offsetof(BwdParams, softcap_log2) == 336, "BwdParams.softcap_log2");
+static_assert(__builtin_offsetof(BwdParams, alibi_stride_b) == 340, "BwdParams.alibi_stride_b");
+static_assert(__builtin_offsetof(BwdParams, alibi_shift) == 344, "BwdParams.alibi_shift");
+static_assert(__builtin_offsetof(BwdParams, cu_seqlens_q) == 352, "BwdParams.cu_seqlens_q");
+static_assert(__builtin_offsetof(BwdParams, cu_seqlens_k) == 360, "BwdParams.cu_seqlens_k");
+static_assert(__builtin_offsetof(BwdParams, total_q) == 368, "BwdParams.total_q");
+static_assert(__builtin_offsetof(BwdParams, row_block_offsets) == 376, "BwdParams.row_block_offsets");
+static_assert(__builtin_offsetof(BwdParams, ws_blocks) == 384, "BwdParams.ws_blocks");
 #endif
 
 // Hopper forward kernel (fa2_forward_sm90.cu).
@@ -242,6 +246,7 @@ struct Sm90FwdParams {
     const float* alibi_slopes;      // ALiBi slopes per (batch, head), float32
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale
+    float softcap_log2;             // softcap * log2(e) (Hopper backward: the softcap's exponent without ALiBi)
     int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
     float alibi_shift;              // ALiBi, dense: row i's diagonal is key i + seqlen_k - seqlen_q + alibi_shift (ring attention's blocks)
     const int* cu_seqlens_q;        // packed: cumulative query lengths (batch + 1), int32
@@ -252,7 +257,7 @@ struct Sm90FwdParams {
     int per_unit;                   // tiles per unit of work: 1, or 2 (causal rows T_r-1-r and r)
     int* tile_counter;              // packed: the tile scheduler's counter, int32, zero at launch
 };
-static_assert(sizeof(Sm90FwdParams) == 640, "Sm90FwdParams: size differs from cuflash/_params.py");
+static_assert(sizeof(Sm90FwdParams) == 704, "Sm90FwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(Sm90FwdParams, tm_q) == 0, "Sm90FwdParams.tm_q");
 static_assert(__builtin_offsetof(Sm90FwdParams, tm_k) == 128, "Sm90FwdParams.tm_k");
@@ -288,15 +293,16 @@ static_assert(__builtin_offsetof(Sm90FwdParams, window_right) == 572, "Sm90FwdPa
 static_assert(__builtin_offsetof(Sm90FwdParams, alibi_slopes) == 576, "Sm90FwdParams.alibi_slopes");
 static_assert(__builtin_offsetof(Sm90FwdParams, softcap_in) == 584, "Sm90FwdParams.softcap_in");
 static_assert(__builtin_offsetof(Sm90FwdParams, softcap_out) == 588, "Sm90FwdParams.softcap_out");
-static_assert(__builtin_offsetof(Sm90FwdParams, alibi_stride_b) == 592, "Sm90FwdParams.alibi_stride_b");
-static_assert(__builtin_offsetof(Sm90FwdParams, alibi_shift) == 596, "Sm90FwdParams.alibi_shift");
-static_assert(__builtin_offsetof(Sm90FwdParams, cu_seqlens_q) == 600, "Sm90FwdParams.cu_seqlens_q");
-static_assert(__builtin_offsetof(Sm90FwdParams, cu_seqlens_k) == 608, "Sm90FwdParams.cu_seqlens_k");
-static_assert(__builtin_offsetof(Sm90FwdParams, total_q) == 616, "Sm90FwdParams.total_q");
-static_assert(__builtin_offsetof(Sm90FwdParams, nheads) == 620, "Sm90FwdParams.nheads");
-static_assert(__builtin_offsetof(Sm90FwdParams, batch) == 624, "Sm90FwdParams.batch");
-static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 628, "Sm90FwdParams.per_unit");
-static_assert(__builtin_offsetof(Sm90FwdParams, tile_counter) == 632, "Sm90FwdParams.tile_counter");
+static_assert(__builtin_offsetof(Sm90FwdParams, softcap_log2) == 592, "Sm90FwdParams.softcap_log2");
+static_assert(__builtin_offsetof(Sm90FwdParams, alibi_stride_b) == 596, "Sm90FwdParams.alibi_stride_b");
+static_assert(__builtin_offsetof(Sm90FwdParams, alibi_shift) == 600, "Sm90FwdParams.alibi_shift");
+static_assert(__builtin_offsetof(Sm90FwdParams, cu_seqlens_q) == 608, "Sm90FwdParams.cu_seqlens_q");
+static_assert(__builtin_offsetof(Sm90FwdParams, cu_seqlens_k) == 616, "Sm90FwdParams.cu_seqlens_k");
+static_assert(__builtin_offsetof(Sm90FwdParams, total_q) == 624, "Sm90FwdParams.total_q");
+static_assert(__builtin_offsetof(Sm90FwdParams, nheads) == 628, "Sm90FwdParams.nheads");
+static_assert(__builtin_offsetof(Sm90FwdParams, batch) == 632, "Sm90FwdParams.batch");
+static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 636, "Sm90FwdParams.per_unit");
+static_assert(__builtin_offsetof(Sm90FwdParams, tile_counter) == 640, "Sm90FwdParams.tile_counter");
 #endif
 
 // Hopper backward kernels (fa2_backward_sm90.cu).
@@ -355,6 +361,7 @@ struct Sm90BwdParams {
     const float* alibi_slopes;      // ALiBi slopes per (batch, head), float32
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale
+    float softcap_log2;             // softcap * log2(e) (Hopper backward: the softcap's exponent without ALiBi)
     int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
     float alibi_shift;              // ALiBi, dense: row i's diagonal is key i + seqlen_k - seqlen_q + alibi_shift (ring attention's blocks)
     const int* cu_seqlens_q;        // packed: cumulative query lengths (batch + 1), int32
@@ -420,14 +427,15 @@ static_assert(__builtin_offsetof(Sm90BwdParams, window_right) == 828, "Sm90BwdPa
 static_assert(__builtin_offsetof(Sm90BwdParams, alibi_slopes) == 832, "Sm90BwdParams.alibi_slopes");
 static_assert(__builtin_offsetof(Sm90BwdParams, softcap_in) == 840, "Sm90BwdParams.softcap_in");
 static_assert(__builtin_offsetof(Sm90BwdParams, softcap_out) == 844, "Sm90BwdParams.softcap_out");
-static_assert(__builtin_offsetof(Sm90BwdParams, alibi_stride_b) == 848, "Sm90BwdParams.alibi_stride_b");
-static_assert(__builtin_offsetof(Sm90BwdParams, alibi_shift) == 852, "Sm90BwdParams.alibi_shift");
-static_assert(__builtin_offsetof(Sm90BwdParams, cu_seqlens_q) == 856, "Sm90BwdParams.cu_seqlens_q");
-static_assert(__builtin_offsetof(Sm90BwdParams, cu_seqlens_k) == 864, "Sm90BwdParams.cu_seqlens_k");
-static_assert(__builtin_offsetof(Sm90BwdParams, total_q) == 872, "Sm90BwdParams.total_q");
-static_assert(__builtin_offsetof(Sm90BwdParams, row_block_offsets) == 880, "Sm90BwdParams.row_block_offsets");
-static_assert(__builtin_offsetof(Sm90BwdParams, ws_blocks) == 888, "Sm90BwdParams.ws_blocks");
-static_assert(__builtin_offsetof(Sm90BwdParams, lse_log2) == 896, "Sm90BwdParams.lse_log2");
+static_assert(__builtin_offsetof(Sm90BwdParams, softcap_log2) == 848, "Sm90BwdParams.softcap_log2");
+static_assert(__builtin_offsetof(Sm90BwdParams, alibi_stride_b) == 852, "Sm90BwdParams.alibi_stride_b");
+static_assert(__builtin_offsetof(Sm90BwdParams, alibi_shift) == 856, "Sm90BwdParams.alibi_shift");
+static_assert(__builtin_offsetof(Sm90BwdParams, cu_seqlens_q) == 864, "Sm90BwdParams.cu_seqlens_q");
+static_assert(__builtin_offsetof(Sm90BwdParams, cu_seqlens_k) == 872, "Sm90BwdParams.cu_seqlens_k");
+static_assert(__builtin_offsetof(Sm90BwdParams, total_q) == 880, "Sm90BwdParams.total_q");
+static_assert(__builtin_offsetof(Sm90BwdParams, row_block_offsets) == 888, "Sm90BwdParams.row_block_offsets");
+static_assert(__builtin_offsetof(Sm90BwdParams, ws_blocks) == 896, "Sm90BwdParams.ws_blocks");
+static_assert(__builtin_offsetof(Sm90BwdParams, lse_log2) == 904, "Sm90BwdParams.lse_log2");
 #endif
 
 // KV-cache decoding kernels (fa2_decode.cu).
@@ -479,10 +487,11 @@ struct DecodeParams {
     const float* alibi_slopes;      // ALiBi slopes per (batch, head), float32
     float softcap_in;               // softmax_scale / softcap (0: no softcap)
     float softcap_out;              // softcap / softmax_scale
+    float softcap_log2;             // softcap * log2(e) (Hopper backward: the softcap's exponent without ALiBi)
     int alibi_stride_b;             // batch stride of alibi_slopes (0: one row for all)
     float alibi_shift;              // ALiBi, dense: row i's diagonal is key i + seqlen_k - seqlen_q + alibi_shift (ring attention's blocks)
 };
-static_assert(sizeof(DecodeParams) == 320, "DecodeParams: size differs from cuflash/_params.py");
+static_assert(sizeof(DecodeParams) == 328, "DecodeParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(DecodeParams, q) == 0, "DecodeParams.q");
 static_assert(__builtin_offsetof(DecodeParams, k) == 8, "DecodeParams.k");
@@ -531,8 +540,9 @@ static_assert(__builtin_offsetof(DecodeParams, window_right) == 288, "DecodePara
 static_assert(__builtin_offsetof(DecodeParams, alibi_slopes) == 296, "DecodeParams.alibi_slopes");
 static_assert(__builtin_offsetof(DecodeParams, softcap_in) == 304, "DecodeParams.softcap_in");
 static_assert(__builtin_offsetof(DecodeParams, softcap_out) == 308, "DecodeParams.softcap_out");
-static_assert(__builtin_offsetof(DecodeParams, alibi_stride_b) == 312, "DecodeParams.alibi_stride_b");
-static_assert(__builtin_offsetof(DecodeParams, alibi_shift) == 316, "DecodeParams.alibi_shift");
+static_assert(__builtin_offsetof(DecodeParams, softcap_log2) == 312, "DecodeParams.softcap_log2");
+static_assert(__builtin_offsetof(DecodeParams, alibi_stride_b) == 316, "DecodeParams.alibi_stride_b");
+static_assert(__builtin_offsetof(DecodeParams, alibi_shift) == 320, "DecodeParams.alibi_shift");
 #endif
 
 }  // namespace cuflash

@@ -645,6 +645,7 @@ def test_sm90_backward_takes_the_hook(fake, d):
         if "softcap" in kwargs:
             assert p["softcap_in"] == pytest.approx(scale / 20.0)
             assert p["softcap_out"] == pytest.approx(20.0 / scale)
+            assert p["softcap_log2"] == pytest.approx(20.0 * np.log2(np.e))  # (cap log2 e)
         else:
             assert p["softcap_in"] == 0.0
         assert p["alibi_slopes"] == (slopes.data.ptr if "alibi_slopes" in kwargs else 0)
