@@ -1396,8 +1396,8 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
         if not odd_d:  # (OddD kernels read rows element by element, as they are)
             dout, out = _aligned(cupy, dout), _aligned(cupy, out)
         # The Hopper backward where it covers the call (fa2_backward_sm90.cu: d <= 128 and a
-        # multiple of 8, dense or packed; with softcap or ALiBi d <= 64), else the portable
-        # one below.
+        # multiple of 8, dense or packed; softcap or ALiBi over a packed batch d <= 64), else
+        # the portable one below.
         hopper_tile = isinstance(config, _plan.Sm90BackwardConfig)
         if (hopper_tile or config is None) and not odd_d and \
                 _uses_sm90(cupy, device_id) and \
