@@ -382,9 +382,14 @@ def _softcap_fields(cap: float, scale: float) -> dict:
     cap) times cap / scale; softcap_in = 0 turns it off. softcap_log2 = cap log2(e): the
     Hopper backward's exponent of tanh without ALiBi (the two factors of S's units and the
     scale's folded in)."""
-    return {"softcap_in": scale / cap if cap > 0 else 0.0,
-            "softcap_out": cap / scale if cap > 0 else 1.0,
-            "softcap_log2": cap * _LOG2E if cap > 0 else 0.0}
+    fields = {"softcap_in": scale / cap if cap > 0 else 0.0,
+              "softcap_out": cap / scale if cap > 0 else 1.0,
+              "softcap_log2": cap * _LOG2E if cap > 0 else 0.0}
+    if not all(abs(x) <= _F32_MAX for x in fields.values()):
+        raise ValueError(f"softcap={cap!r} with softmax_scale={scale!r}: the kernels' factors "
+                         f"softcap / scale and softcap log2(e) must fit in float32; a softcap "
+                         f"this large changes nothing (use softcap=0, off)")
+    return fields
 
 
 def _call_features(cupy, causal, window_size, softcap, alibi_slopes, q, batch, seqlen_q,
@@ -450,6 +455,7 @@ def _on_device(cupy, device_id: int):
 
 _SAME_DEVICE = contextlib.nullcontext()
 _LOG2E = math.log2(math.e)
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _softmax_scale(softmax_scale, d: int) -> float:
@@ -1407,9 +1413,9 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, dq,
             return dq, dk, dv
         if hopper_tile:
             raise ValueError(f"the Hopper backward tile {config} cannot run this call (it "
-                             "needs an sm_90 GPU, d <= 128 and a multiple of 8 (d <= 64 with "
-                             "softcap or ALiBi), TMA-describable q, k, v, dout, and for a "
-                             "packed batch neither deterministic=True nor a scratch arena)")
+                             "needs an sm_90 GPU, d <= 128 and a multiple of 8, TMA-"
+                             "describable q, k, v, dout, and for a packed batch d <= 64 with "
+                             "softcap or ALiBi, neither deterministic=True nor a scratch arena)")
         # The tile shape and the three compiled kernels, looked up once per configuration.
         def make_plan():
             max_smem, bulk = _max_smem(cupy, device_id), _has_bulk_copy(cupy, device_id)

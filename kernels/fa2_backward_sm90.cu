@@ -384,7 +384,7 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         };
         constexpr bool EARLY_L = !(ORDERED && MaskT::LOCAL);
         if constexpr (EARLY_L) load_l2();
-        wgmma_wait<LATE_DP ? 0 : 1>();  // S^T is done (dP^T may still run)
+        wgmma_wait<LATE_DP ? 0 : 1>();  // S^T is done (dP^T may still run; LATE_DP: not issued)
         fence_accumulators(st);
         if constexpr (!EARLY_L) load_l2();
 

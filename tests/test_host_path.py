@@ -786,6 +786,8 @@ def test_score_hook_picks_the_hooked_kernel_and_packs_it(fake, monkeypatch, fami
     (dict(softcap=-1.0), "softcap must be"), (dict(softcap=float("nan")), "softcap must be"),
     (dict(softcap=True), "softcap must be"), (dict(softcap="3"), "softcap must be"),
     (dict(softcap=1e39), "softcap must be"),
+    (dict(softcap=3e38, softmax_scale=1.0), "must fit in float32"),  # (cap log2 e overflows)
+    (dict(softcap=1e38, softmax_scale=0.01), "must fit in float32"),  # (cap / scale overflows)
     (dict(alibi_slopes=np.zeros(2, np.float32)), "numpy.ndarray"),
     (dict(alibi_slopes="s"), "must be a cupy.ndarray"),
     (dict(alibi_slopes=FakeArray(np.zeros(2, np.float64))), "float32 of shape"),
