@@ -77,7 +77,7 @@ _FUNC = re.compile(r"Compiling entry function '(?P<name>[^']+)' for '(?P<arch>sm
 _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers.*?(?:, (\d+) bytes smem)?")
 _INSTANTIATED = re.compile(r"cuflash_instantiate_(\d+) = (?:generic\()?([\w$]+)")
-_SERIALIZED = re.compile(r"\(C751\d\) Potential Performance Loss: wgmma\.mma_async instructions "
+_SERIALIZED = re.compile(r"\(C75\d\d\) Potential Performance Loss: wgmma\.mma_async instructions "
                          r"are serialized.*?function '(?P<name>[^']+)'")
 
 
