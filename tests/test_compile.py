@@ -27,7 +27,7 @@ def test_every_specialisation_compiles_without_spills(reports):
     spills = [r for r in reports if r.spill_stores or r.spill_loads or r.stack]
     assert not spills, "register spills / stack use:\n" + "\n".join(map(str, spills))
     serialized = [r for r in reports if r.wgmma_serialized]
-    assert not serialized, "wgmma serialized for want of registers (ptxas C7511/C7512):\n" + \
+    assert not serialized, "wgmma serialized (ptxas C75xx: registers, dependences):\n" + \
         "\n".join(map(str, serialized))
     assert all(r.registers <= 255 for r in reports)
 
@@ -140,6 +140,16 @@ ptxas info    : Used 168 registers, used 16 barriers
     a, b = compile_check.parse_ptxas(log)
     assert (a.name, a.wgmma_serialized, a.spill_stores) == ("_Z1av", True, 0)
     assert (b.name, b.wgmma_serialized, b.registers) == ("_Z1bv", False, 168)
+    # (C7514, C7520: accumulators read, or a compiler-inserted arrive, where ptxas cannot
+    # prove the wgmma retired: serialized too)
+    for code, why in (("C7514", "non wgmma instructions reading accumulator registers of  a "
+                       "wgmma between start and end of the pipeline stage"),
+                      ("C7520", "program dependence on compiler-inserted WG.AR in divergent "
+                       "path")):
+        line = (f"ptxas info    : ({code}) Potential Performance Loss: wgmma.mma_async "
+                f"instructions are serialized due to {why} in the function '_Z1bv'\n")
+        a, b = compile_check.parse_ptxas(line + log)
+        assert (a.wgmma_serialized, b.wgmma_serialized) == (True, True), code
 
 
 def test_compile_check_cache_round_trip(tmp_path, monkeypatch):
