@@ -18,6 +18,14 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 
 for step in $steps; do
   case $step in
     tests)  # the full suite, CPU and GPU tests
+      # With pytest-xdist workers (-n), fill CuPy's kernel cache from one process first: each
+      # worker's precompile() would otherwise compile its own copy of every kernel at once
+      # (session 17 on the H200: 50 backward tests took 185 s that way, mostly compiling;
+      # after one precompile() of 80 s, the suite's halves took 176-202 s each).
+      case " ${PYTEST_ARGS:-} " in
+        *" -n "*) python3 -c "import cuflash; print(cuflash.precompile(fa1=True, windows=True, \
+varlen=True, decode=True, max_workers=16), 'kernels compiled or loaded')" 2>&1 | tail -1 ;;
+      esac
       python3 -m pytest -rfEs -q -s -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 \
         | tee "$OUT/pytest.log" | tail -30
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
