@@ -733,16 +733,14 @@ SM90_BACKWARD_FILE = "fa2_backward_sm90.cu"
 # bytes (the entry's offsets), so d 128 hooked packed calls stay portable (compile check,
 # session 17).
 SM90_BACKWARD_BUCKETS = (64, 128)
-SM90_HOOKED_BACKWARD_BUCKETS = (64, 128)
 SM90_HOOKED_PACKED_BACKWARD_BUCKETS = (64,)
 
 
 def sm90_backward_buckets(hooked: bool = False, packed: bool = False) -> tuple:
     """The head-dim buckets that take the Hopper backward, with the score hook (hooked) and
-    over a variable-length batch (packed)."""
-    if hooked:
-        return SM90_HOOKED_PACKED_BACKWARD_BUCKETS if packed else SM90_HOOKED_BACKWARD_BUCKETS
-    return SM90_BACKWARD_BUCKETS
+    over a variable-length batch (packed): all of them but for the hook over a packed
+    batch."""
+    return SM90_HOOKED_PACKED_BACKWARD_BUCKETS if hooked and packed else SM90_BACKWARD_BUCKETS
 
 
 def sm90_backward_config(d: int, local: bool = False, ordered: bool = False,

@@ -405,7 +405,7 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                 p, i * B_r + 2 * (lane % 4), key_lane, seqlen_q, seqlen_k);
             // One straight loop per combination, the features tested once per step (uniform):
             //   SOFTCAP alone: exponent tanh(S^T scale / softcap) (softcap log2 e) - L_i log2 e,
-            //     the factors folded into p.softcap_log2;
+            //     the factors folded into p.softcap_log2 (score.cuh);
             //   ALIBI: S^T hooked in S's units, then the plain exponent;
             //   TEST (the softcap on a masked block): hidden elements are -inf, which the
             //     softcap would bring back to -softcap; they give P = 0. Without the softcap
@@ -439,9 +439,11 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                         pa[nt / 2][2 * (nt % 2) + e2] = T::pack(pe[0], pe[1]);
                     }
             };
-            // FAST: the softcap's four loops where they fit (d 64, dense, not ORDERED: the
-            // others spilled 8-68 bytes with them, session 17's compile check); elsewhere one,
-            // with both features and the test.
+            // FAST: a loop per combination (five) where they fit (d 64, dense, not ORDERED:
+            // the others spilled 8-68 bytes with them, session 17's compile check); elsewhere
+            // two, each with the test, the softcap's with ALiBi's term (a slope of 0 adds
+            // nothing), tested in that order (the other order spilled the ordered d 64
+            // kernels: a register-allocation accident).
             constexpr bool FAST = HD == 64 && !ORDERED && !SeqT::PACKED;
             using Y = Int<1>;
             using N = Int<0>;

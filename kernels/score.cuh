@@ -5,7 +5,11 @@
 //   ScoreScale  folds the softmax scale into that exponent (one FMA per element, log2(e)
 //               included) and rewrites nothing (REWRITES = false: no kernel calls apply);
 //   ScoreHook   FlashAttention-2's softcap and ALiBi, element by element, given the row and key
-//               indices: S -> softcap tanh(scale S / softcap) (softcap > 0), then
+//               indices: S -> softcap tanh(scale S / softcap) (softcap > 0; the parameters'
+//               softcap_in = scale / softcap, softcap_out = softcap / scale, and
+//               softcap_log2 = softcap log2 e, with which a kernel that exponentiates the
+//               softcap alone takes exp2(softcap_log2 tanh - ...) straight from the tanh:
+//               the Hopper backward at d 64), then
 //               S -> S - slope |row + seqlen_k - seqlen_q - col| (ALiBi slopes given; ring
 //               attention's blocks shift that diagonal: p.alibi_shift). It keeps
 //               its result in S's unscaled units (divided by the scale), so that the softmax's
