@@ -1048,7 +1048,8 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
     if sizes is not None:
         batch, seqlen_q, seqlen_k = sizes
     dtype_name = _dtype_name(q.dtype)
-    short = config is None and not (local or hooked or packed) and \
+    # (the short-key tiles: plain and hooked calls over a dense batch; windows keep theirs)
+    short = config is None and not (local or packed) and \
         _plan.sm90_forward_short(d, causal, seqlen_k)
     plan, kernels, params = _prepared(
         _forward_launches, ("sm90", device_id, q.dtype, d, kind, config, short),

@@ -630,6 +630,11 @@ def _table() -> dict:
     # faster (n 2k, 8k), causal 0.90x at n 2k and 1.04x at 8k, so causal keeps the short tile.
     put("sm90a", "fwd_feat", 64, False, [_h(64, 112, 3, consumers=3)])
     put("sm90a", "fwd_feat", 64, True, [_h(64, 128, 4)])
+    # fwd_hooked: the score hook alone (no window, dense batch) past the short keys
+    # (SM90_SHORT_KEYS; up to there the plain short tile, which fits the hook): causal d 64 on
+    # the three-warpgroup B_c 112 tile, at n 8k 1.11x (softcap) and 1.07x (ALiBi) faster than
+    # the two-warpgroup one, at n 2k 0.97x and 0.89x (session 18, score_hook_bench --configs)
+    put("sm90a", "fwd_hooked", 64, True, [_h(64, 112, 3, consumers=3)])
     # fwd_local_hooked: a window and the hook in one kernel; d 128's 128x176 spills there
     # causal (4 bytes, the hook's two loop variants, score.cuh apply_fragment).
     put("sm90a", "fwd_local_hooked", 128, True, [_h(128, 128, 2, lazy=True)])
@@ -677,23 +682,27 @@ SM90_SHORT_KEYS = {64: (8192, 2048), 128: (512, 4096), 256: (512, 1024)}
 
 def sm90_forward_config(d: int, causal: bool, seqlen_k: int | None = None,
                         feat: bool = False, packed: bool = False,
-                        local_hooked: bool = False) -> Sm90ForwardConfig:
+                        local_hooked: bool = False,
+                        hook_alone: bool = False) -> Sm90ForwardConfig:
     """The Hopper forward's tile for head dim d (TILES, class "sm90a"), for keys of length
     `seqlen_k` where given (the short-sequence tile up to SM90_SHORT_KEYS); feat: the kernel
     with a sliding window or the score hook ("fwd_feat" where listed); packed: over a
     variable-length batch ("fwd_packed" where listed, after "fwd_feat" with feat);
-    local_hooked: a window and the hook both ("fwd_local_hooked" first, where listed)."""
+    local_hooked: a window and the hook both ("fwd_local_hooked" first, where listed);
+    hook_alone: the hook without a window over a dense batch ("fwd_hooked" first, where
+    listed, for keys past the short ones)."""
     HD = sm90_head_dim_bucket(d)
+    if packed:  # (the entries' lengths are not known here: the long-key tile)
+        seqlen_k = None
+    short = sm90_forward_short(d, causal, seqlen_k)
     for key in ((("sm90a", "fwd_local_hooked", HD, bool(causal)),) if local_hooked else ()) + \
+            ((("sm90a", "fwd_hooked", HD, bool(causal)),) if hook_alone and not short
+             else ()) + \
             ((("sm90a", "fwd_feat", HD, bool(causal)),) if feat or local_hooked else ()) + \
             ((("sm90a", "fwd_packed", HD, bool(causal)),) if packed else ()):
         if key in TILES:
             return TILES[key][0]
-    if packed:  # (the entries' lengths are not known here: the long-key tile)
-        seqlen_k = None
-    short = sm90_forward_short(d, causal, seqlen_k)
-    return TILES[("sm90a", "fwd_short" if short else "fwd", sm90_head_dim_bucket(d),
-                  bool(causal))][0]
+    return TILES[("sm90a", "fwd_short" if short else "fwd", HD, bool(causal))][0]
 
 
 def sm90_forward_short(d: int, causal: bool, seqlen_k: int | None) -> bool:
@@ -709,11 +718,12 @@ SM90_SHORT_LIMIT = {(d, c): SM90_SHORT_KEYS[HD][int(c)]
 
 
 def sm90_forward_configs(d: int, causal: bool, feat: bool = False,
-                         packed: bool = False,
-                         local_hooked: bool = False) -> list[Sm90ForwardConfig]:
+                         packed: bool = False, local_hooked: bool = False,
+                         hook_alone: bool = False) -> list[Sm90ForwardConfig]:
     """Every tile sm90_forward_config can pick for head dim d: the usual one and, where the
     bucket has one, the short-sequence one (distinct, in that order)."""
-    return list(dict.fromkeys(sm90_forward_config(d, causal, n, feat, packed, local_hooked)
+    return list(dict.fromkeys(sm90_forward_config(d, causal, n, feat, packed, local_hooked,
+                                                  hook_alone)
                               for n in (None, 1)))
 
 

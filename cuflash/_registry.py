@@ -90,7 +90,8 @@ def sm90_forward_plan(dtype_name: str, d: int, causal: bool, config=None,
     """The Hopper forward's plan (config: an explicit Sm90ForwardConfig, the bench's; else the
     table's tile for keys of length seqlen_k)."""
     cfg = config or _plan.sm90_forward_config(d, causal, seqlen_k, local or hooked, packed,
-                                              local and hooked)
+                                              local and hooked,
+                                              hooked and not (local or packed))
     return Plan(cfg, {"main": _plan.sm90_forward_kernel_name(dtype_name, cfg, causal, local,
                                                              hooked, packed)},
                 {"main": cfg.smem_bytes})
@@ -127,7 +128,8 @@ def _sm90_forward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False,
         return []
     return [sm90_forward_plan(dt, HD, causal, cfg, local=local, hooked=hooked, packed=packed)
             for cfg in _plan.sm90_forward_configs(HD, causal, local or hooked, packed,
-                                                  local and hooked)]
+                                                  local and hooked,
+                                                  hooked and not (local or packed))]
 
 
 FA2_FORWARD_SM90 = Variant(

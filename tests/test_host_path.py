@@ -651,6 +651,31 @@ def test_sm90_backward_takes_the_hook(fake, d):
         assert p["alibi_slopes"] == (slopes.data.ptr if "alibi_slopes" in kwargs else 0)
 
 
+
+@pytest.mark.parametrize("d, causal, n, expect", [
+    (64, True, 2048, (128, 2)),    # short keys: the plain short tile, which fits the hook
+    (64, True, 8192, (112, 3)),    # longer: fwd_hooked, three consumers at B_c 112
+    (64, False, 2048, (112, 3)),   # non-causal: fwd_feat at every length
+    (128, True, 4096, (128, 2)),   # the short tile, as the plain call's
+    (128, True, 8192, (176, 2)),
+    (128, False, 2048, (176, 2)),  # (non-causal d 128: short up to 512 keys only)
+])
+def test_sm90_hooked_forward_tiles_follow_the_key_length(fake, d, causal, n, expect):
+    """The softcap alone (no window, dense batch) on Hopper: the plain call's short-key tile
+    up to SM90_SHORT_KEYS where it fits the hook, then fwd_hooked or fwd_feat where listed;
+    a window with the hook keeps its own tile at any length."""
+    q, k, v = _qkv(1, 64, n, 2, 2, d)
+    _api.forward(q, k, v, causal=causal, softcap=5.0)
+    ((name, *_),) = fake
+    cfg = _plan.sm90_forward_config(d, causal, n, True, hook_alone=True)
+    assert (cfg.B_c, cfg.consumers) == expect
+    assert name == _plan.sm90_forward_kernel_name("float16", cfg, causal, hooked=True)
+    del fake[:]
+    _api.forward(q, k, v, causal=causal, softcap=5.0, window_size=(32, 0))
+    ((name, *_),) = fake
+    cfg = _plan.sm90_forward_config(d, True, None, True, local_hooked=True)
+    assert name == _plan.sm90_forward_kernel_name("float16", cfg, True, True, True)
+
 def test_registry_lists_every_variant_source():
     assert {v.source for v in _registry.VARIANTS} == \
         {_plan.FORWARD_FILE, _plan.BACKWARD_FILE, _plan.FA1_FILE, _plan.SM90_FORWARD_FILE,
