@@ -514,9 +514,11 @@ def forward(q, k, v, causal: bool = False, softmax_scale: float | None = None, *
     alibi_slopes : cupy.ndarray, float32, (nheads,) or (batch, nheads), optional
         ALiBi: ``S -> S - slope * |i + seqlen_k - seqlen_q - j|`` after the softcap, the slope
         of each query head (and batch entry). Not with ``algorithm="fa1"``.
-    out, lse : optional preallocated outputs (shapes and dtypes as returned; ``out`` may have
-        any strides with a contiguous last dim and must start on a 16-byte boundary, ``lse``
-        must be contiguous). Neither may share memory with q, k, v or with the other.
+    out, lse : optional preallocated outputs (shapes and dtypes as returned; ``out`` has a
+        contiguous last dim, starts on a 16-byte boundary and has strides that are multiples
+        of 8 elements (a 2-byte boundary and any strides where the head dim is not a multiple
+        of 8), ``lse`` must be contiguous). Neither may share memory with q, k, v or with the
+        other.
     algorithm : "fa2" (default) or "fa1": FlashAttention-1's loop order (K/V outer, Q inner,
         O/l/m round-tripping through HBM), for study and comparison; same outputs.
     verbose : bool, print the launch plan (block sizes and how they were chosen).
@@ -1168,8 +1170,8 @@ def precompile(dtypes=("float16", "bfloat16"), head_dims=None, causal=(False, Tr
     """Compile (or load from CuPy's cache) the kernels for the current device ahead of time,
     in parallel. Returns how many specialisations were prepared. decode: also
     forward_kvcache's kernels. windows: also the kernels
-    with a sliding window or the score hook (softcap, ALiBi); varlen: also the forward's
-    kernels for variable-length batches (forward_varlen), with every window and hook where
+    with a sliding window or the score hook (softcap, ALiBi); varlen: also the kernels for
+    variable-length batches (forward_varlen, backward_varlen), with every window and hook where
     windows is set too (otherwise each is compiled on its first use). head_dims that are not
     a multiple of 8 add their OddD kernels (which take every option).
 
