@@ -681,28 +681,24 @@ SM90_SHORT_KEYS = {64: (8192, 2048), 128: (512, 4096), 256: (512, 1024)}
 
 
 def sm90_forward_config(d: int, causal: bool, seqlen_k: int | None = None,
-                        feat: bool = False, packed: bool = False,
-                        local_hooked: bool = False,
-                        hook_alone: bool = False) -> Sm90ForwardConfig:
+                        local: bool = False, hooked: bool = False,
+                        packed: bool = False) -> Sm90ForwardConfig:
     """The Hopper forward's tile for head dim d (TILES, class "sm90a"), for keys of length
-    `seqlen_k` where given (the short-sequence tile up to SM90_SHORT_KEYS); feat: the kernel
-    with a sliding window or the score hook ("fwd_feat" where listed); packed: over a
-    variable-length batch ("fwd_packed" where listed, after "fwd_feat" with feat);
-    local_hooked: a window and the hook both ("fwd_local_hooked" first, where listed);
-    hook_alone: the hook without a window over a dense batch ("fwd_hooked" first, where
-    listed, for keys past the short ones)."""
-    HD = sm90_head_dim_bucket(d)
+    `seqlen_k` where given (the short-sequence tile up to SM90_SHORT_KEYS), with a sliding
+    window (local), the score hook (hooked), over a variable-length batch (packed). The
+    first of these rows that is listed: "fwd_local_hooked" (a window and the hook),
+    "fwd_hooked" (the hook alone over a dense batch, keys past the short ones), "fwd_feat" (a
+    window or the hook), "fwd_packed"; else the plain call's tile."""
+    HD, c = sm90_head_dim_bucket(d), bool(causal)
     if packed:  # (the entries' lengths are not known here: the long-key tile)
         seqlen_k = None
     short = sm90_forward_short(d, causal, seqlen_k)
-    for key in ((("sm90a", "fwd_local_hooked", HD, bool(causal)),) if local_hooked else ()) + \
-            ((("sm90a", "fwd_hooked", HD, bool(causal)),) if hook_alone and not short
-             else ()) + \
-            ((("sm90a", "fwd_feat", HD, bool(causal)),) if feat or local_hooked else ()) + \
-            ((("sm90a", "fwd_packed", HD, bool(causal)),) if packed else ()):
-        if key in TILES:
-            return TILES[key][0]
-    return TILES[("sm90a", "fwd_short" if short else "fwd", HD, bool(causal))][0]
+    for kind, on in (("fwd_local_hooked", local and hooked),
+                     ("fwd_hooked", hooked and not (local or packed or short)),
+                     ("fwd_feat", local or hooked), ("fwd_packed", packed)):
+        if on and ("sm90a", kind, HD, c) in TILES:
+            return TILES[("sm90a", kind, HD, c)][0]
+    return TILES[("sm90a", "fwd_short" if short else "fwd", HD, c)][0]
 
 
 def sm90_forward_short(d: int, causal: bool, seqlen_k: int | None) -> bool:
@@ -717,13 +713,11 @@ SM90_SHORT_LIMIT = {(d, c): SM90_SHORT_KEYS[HD][int(c)]
                     if (HD := sm90_head_dim_bucket(d)) in SM90_SHORT_KEYS}
 
 
-def sm90_forward_configs(d: int, causal: bool, feat: bool = False,
-                         packed: bool = False, local_hooked: bool = False,
-                         hook_alone: bool = False) -> list[Sm90ForwardConfig]:
+def sm90_forward_configs(d: int, causal: bool, local: bool = False, hooked: bool = False,
+                         packed: bool = False) -> list[Sm90ForwardConfig]:
     """Every tile sm90_forward_config can pick for head dim d: the usual one and, where the
     bucket has one, the short-sequence one (distinct, in that order)."""
-    return list(dict.fromkeys(sm90_forward_config(d, causal, n, feat, packed, local_hooked,
-                                                  hook_alone)
+    return list(dict.fromkeys(sm90_forward_config(d, causal, n, local, hooked, packed)
                               for n in (None, 1)))
 
 

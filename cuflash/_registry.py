@@ -89,9 +89,7 @@ def sm90_forward_plan(dtype_name: str, d: int, causal: bool, config=None,
                       hooked: bool = False, packed: bool = False) -> Plan:
     """The Hopper forward's plan (config: an explicit Sm90ForwardConfig, the bench's; else the
     table's tile for keys of length seqlen_k)."""
-    cfg = config or _plan.sm90_forward_config(d, causal, seqlen_k, local or hooked, packed,
-                                              local and hooked,
-                                              hooked and not (local or packed))
+    cfg = config or _plan.sm90_forward_config(d, causal, seqlen_k, local, hooked, packed)
     return Plan(cfg, {"main": _plan.sm90_forward_kernel_name(dtype_name, cfg, causal, local,
                                                              hooked, packed)},
                 {"main": cfg.smem_bytes})
@@ -127,9 +125,7 @@ def _sm90_forward_plans(dt, HD, causal, smem, bulk, local=False, hooked=False,
     if HD not in _plan.SM90_HEAD_DIM_BUCKETS:
         return []
     return [sm90_forward_plan(dt, HD, causal, cfg, local=local, hooked=hooked, packed=packed)
-            for cfg in _plan.sm90_forward_configs(HD, causal, local or hooked, packed,
-                                                  local and hooked,
-                                                  hooked and not (local or packed))]
+            for cfg in _plan.sm90_forward_configs(HD, causal, local, hooked, packed)]
 
 
 FA2_FORWARD_SM90 = Variant(

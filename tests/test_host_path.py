@@ -651,7 +651,6 @@ def test_sm90_backward_takes_the_hook(fake, d):
         assert p["alibi_slopes"] == (slopes.data.ptr if "alibi_slopes" in kwargs else 0)
 
 
-
 @pytest.mark.parametrize("d, causal, n, expect", [
     (64, True, 2048, (128, 2)),    # short keys: the plain short tile, which fits the hook
     (64, True, 8192, (112, 3)),    # longer: fwd_hooked, three consumers at B_c 112
@@ -667,14 +666,15 @@ def test_sm90_hooked_forward_tiles_follow_the_key_length(fake, d, causal, n, exp
     q, k, v = _qkv(1, 64, n, 2, 2, d)
     _api.forward(q, k, v, causal=causal, softcap=5.0)
     ((name, *_),) = fake
-    cfg = _plan.sm90_forward_config(d, causal, n, True, hook_alone=True)
+    cfg = _plan.sm90_forward_config(d, causal, n, hooked=True)
     assert (cfg.B_c, cfg.consumers) == expect
     assert name == _plan.sm90_forward_kernel_name("float16", cfg, causal, hooked=True)
     del fake[:]
     _api.forward(q, k, v, causal=causal, softcap=5.0, window_size=(32, 0))
     ((name, *_),) = fake
-    cfg = _plan.sm90_forward_config(d, True, None, True, local_hooked=True)
+    cfg = _plan.sm90_forward_config(d, True, None, local=True, hooked=True)
     assert name == _plan.sm90_forward_kernel_name("float16", cfg, True, True, True)
+
 
 def test_registry_lists_every_variant_source():
     assert {v.source for v in _registry.VARIANTS} == \

@@ -237,9 +237,7 @@ def test_each_architecture_class_builds_the_shapes_planned_for_it():
             # (with the score hook, the hooked buckets; packed batches: not ordered)
             tiles = {(cfg, c, local, hooked, packed) for HD in _plan.HEAD_DIM_BUCKETS
                      for c, local, hooked, packed in itertools.product((False, True), repeat=4)
-                     for cfg in _plan.sm90_forward_configs(HD, c, local or hooked, packed,
-                                                          local and hooked,
-                                                          hooked and not (local or packed))}
+                     for cfg in _plan.sm90_forward_configs(HD, c, local, hooked, packed)}
             backward = {(_plan.sm90_backward_config(HD, local, ordered, hooked, packed), c,
                          local, ordered, hooked, packed)
                         for HD in _plan.SM90_BACKWARD_BUCKETS
