@@ -1050,9 +1050,14 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
     if sizes is not None:
         batch, seqlen_q, seqlen_k = sizes
     dtype_name = _dtype_name(q.dtype)
-    # (the short-key tiles: plain and hooked calls over a dense batch; windows keep theirs)
-    short = config is None and not (local or packed) and \
-        _plan.sm90_forward_short(d, causal, seqlen_k)
+    # the short-key tiles over a dense batch: by seqlen_k, or by a window's width
+    if config is not None or packed:
+        short = False
+    elif local:
+        short = _plan.sm90_window_short(d, causal, features["window_left"],
+                                        features["window_right"], seqlen_k)
+    else:
+        short = _plan.sm90_forward_short(d, causal, seqlen_k)
     plan, kernels, params = _prepared(
         _forward_launches, ("sm90", device_id, q.dtype, d, kind, config, short),
         _registry.FA2_FORWARD_SM90,

@@ -676,6 +676,27 @@ def test_sm90_hooked_forward_tiles_follow_the_key_length(fake, d, causal, n, exp
     assert name == _plan.sm90_forward_kernel_name("float16", cfg, True, True, True)
 
 
+@pytest.mark.parametrize("window, d, short", [
+    ((128, 0), 128, True),     # 128 + 128 rows: within the non-causal limit (512)
+    ((256, 100), 128, True),   # 484 keys
+    ((300, 100), 128, False),  # 528
+    ((1024, 0), 128, False),
+    ((128, -1), 128, False),   # the right side unbounded: seqlen_k keys
+    ((128, 0), 192, False),    # (no short tile at d 192)
+])
+def test_sm90_window_takes_the_short_tile_by_its_width(fake, window, d, short):
+    """A window on Hopper takes the short-key tile where a row block visits few keys (the
+    window's width plus 128 rows, against the non-causal limit), whatever seqlen_k is."""
+    q, k, v = _qkv(1, 4000, 4000, 2, 2, d)
+    _api.forward(q, k, v, window_size=window)
+    ((name, *_),) = fake
+    upper = window[1] >= 0
+    assert _plan.sm90_window_short(d, upper, window[0], max(window[1], 0), 4000) == short
+    cfg = _plan.sm90_forward_config(d, upper, 1 if short else None, local=True)
+    assert name == _plan.sm90_forward_kernel_name("float16", cfg, upper, True)
+    assert (cfg == _plan.sm90_forward_config(d, upper, 1, local=True)) == (short or d == 192)
+
+
 def test_registry_lists_every_variant_source():
     assert {v.source for v in _registry.VARIANTS} == \
         {_plan.FORWARD_FILE, _plan.BACKWARD_FILE, _plan.FA1_FILE, _plan.SM90_FORWARD_FILE,
@@ -721,8 +742,9 @@ def test_window_picks_the_mask_and_packs_its_sides(fake, monkeypatch, family, wi
         name = _plan.forward_kernel_name("float16", cfg, upper, local)
     else:
         _api.forward(q, k, v, causal=causal, window_size=window)
-        cfg = _plan.sm90_forward_config(128, upper, None if local else 700)  # (no short
-        # tile with a window or the hook)
+        # (a window: the short tile by the window's width, sm90_window_short)
+        short = _plan.sm90_window_short(128, upper, left, right, 700) if local else True
+        cfg = _plan.sm90_forward_config(128, upper, 700 if short else None)
         name = _plan.sm90_forward_kernel_name("float16", cfg, upper, local)
     ((kname, _, _, _, p),) = fake
     assert kname == name and kname.endswith(", true>>") == local
