@@ -254,19 +254,28 @@ class Score:
     def apply_split(self, xp, S_raw, rows, cols, seqlen_q: int, seqlen_k: int,
                     left_of_diagonal: bool):
         """(S', row_bias) with apply()'s S = S' + row_bias, as the forward kernels split it
-        (kernels/score.cuh): where no row sees a key right of its diagonal, ALiBi's
+        (kernels/score.cuh): where the block lies left of every row's diagonal (always where no
+        row sees a key right of it: hidden keys are masked after), ALiBi's
         -slope |i + seqlen_k - seqlen_q - j| is -slope (i + seqlen_k - seqlen_q - j0) for the
-        row (row_bias, (..., len(rows), 1)) plus slope (j - j0) for the element, j0 = cols[0]
-        (the softmax adds row_bias to the row max and to the exponent). Elsewhere S' = S and
-        row_bias = 0. Only visible keys keep the identity; hidden ones are masked after."""
-        if self.alibi_slopes is None or not left_of_diagonal:
+        row (row_bias, (..., len(rows), 1)) plus slope (j - j0) for the element, j0 = cols[0];
+        right of it, the same terms negated (the softmax adds row_bias to the row max and to
+        the exponent). A block crossing the diagonal keeps S' = S and row_bias = 0, as do
+        calls without ALiBi. (The kernels decide per warp's rows; here per block.)"""
+        if self.alibi_slopes is None:
+            return self.apply(xp, S_raw, rows, cols, seqlen_q, seqlen_k), 0.0
+        slopes, diag, cols = self._alibi(xp, S_raw.dtype, rows, cols, seqlen_q, seqlen_k)
+        dist = diag - cols[None, :]
+        if left_of_diagonal or bool((dist >= 0).all()):
+            side = 1.0
+        elif bool((dist <= 0).all()):
+            side = -1.0
+        else:
             return self.apply(xp, S_raw, rows, cols, seqlen_q, seqlen_k), 0.0
         plain = Score(self.scale, self.softcap, diag_shift=self.diag_shift)
         S = plain.apply(xp, S_raw, rows, cols, seqlen_q, seqlen_k)
-        slopes, diag, cols = self._alibi(xp, S.dtype, rows, cols, seqlen_q, seqlen_k)
         j0 = cols[0]
-        row_bias = -slopes * (diag - j0).astype(S.dtype)
-        return S + slopes * (cols[None, :] - j0).astype(S.dtype), row_bias
+        row_bias = -side * slopes * (diag - j0).astype(S.dtype)
+        return S + side * slopes * (cols[None, :] - j0).astype(S.dtype), row_bias
 
     def grad(self, xp, S_raw, dS):
         """The gradient with respect to scale S_raw (the scaled scores before the softcap),

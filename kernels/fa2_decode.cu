@@ -315,9 +315,11 @@ fa2_decode(const DecodeParams p) {
                 ldmatrix_x4(b, readK.at(nt2 * 16, kk * 2) + g * 128);
             });
 
-        // The score hook (score.cuh), at each row's own position; SPLIT: under the causal mask
-        // it leaves its part per row and lane out of S, in row_bias, for the softmax to add.
-        constexpr bool SPLIT = ScoreT::REWRITES && MaskT::LEFT_OF_DIAGONAL;
+        // The score hook (score.cuh), at each row's own position; ALiBi's part per row and lane
+        // is left out of S where the block lies on one side of the diagonal, in row_bias, for
+        // the softmax to add back (0 elsewhere); outside the causal mask only where SIDED.
+        constexpr bool SIDED = split_alibi_both_sides<HD>();
+        constexpr bool ROW_BIAS = ScoreT::REWRITES && (SIDED || MaskT::LEFT_OF_DIAGONAL);
         float row_bias[1][2];
         if constexpr (ScoreT::REWRITES) {
             float dist[2];
@@ -325,13 +327,14 @@ fa2_decode(const DecodeParams p) {
             for (int e2 = 0; e2 < 2; ++e2)
                 dist[e2] = score.template diagonal<false>(p, pos[e2], col0 + (lane % 4) * 2,
                                                           seqlen_q, seqlen_k);
-            score.template apply_fragment<SPLIT>(p, s[0], dist, row_bias[0]);
+            score.template apply_fragment<MaskT::LEFT_OF_DIAGONAL, SIDED>(p, s[0], dist,
+                                                                         row_bias[0]);
         }
         // Mask (mask.cuh): S_ij[r, c] = -inf where key c is hidden from row r's position, or
         // past the entry's keys.
         mask_fragment_rows(mask, s[0], [&](int e2) { return pos[e2]; }, col0, lane);
         // Online softmax (softmax.cuh): P~_ij in place of S_ij, l and O~ rescaled.
-        softmax.template update<SPLIT>(s, o, score.exp2_scale, lane, row_bias);
+        softmax.template update<ROW_BIAS>(s, o, score.exp2_scale, lane, row_bias);
 
         // O~ += P~_ij V_j (P~ from registers as the A operand; V_j rows with .trans).
         const SwizzledReader<HD> readV(smem_u32(sv), lane_row_rows_first(lane),

@@ -282,9 +282,11 @@ fa2_forward(const FwdParams p) {
             });
 
         // The score hook (score.cuh): S_ij as the softmax sees it (nothing to do for the scale
-        // alone, which the softmax folds into its exponent); SPLIT: under the causal mask it
-        // leaves its part per row and lane out of S, in row_bias, for the softmax to add back.
-        constexpr bool SPLIT = Score::REWRITES && MaskT::LEFT_OF_DIAGONAL;
+        // alone, which the softmax folds into its exponent). ALiBi's part per row and lane is
+        // left out of S where the block lies on one side of the diagonal, in row_bias, for the
+        // softmax to add back (0 elsewhere); outside the causal mask only where SIDED.
+        constexpr bool SIDED = split_alibi_both_sides<HD>();
+        constexpr bool ROW_BIAS = Score::REWRITES && (SIDED || MaskT::LEFT_OF_DIAGONAL);
         float row_bias[MT][2];
         if constexpr (Score::REWRITES) {
 #pragma unroll
@@ -295,7 +297,8 @@ fa2_forward(const FwdParams p) {
                     dist[e2] = score.template diagonal<shifted_diagonal<SeqT, MaskT>()>(
                         p, row0 + warp * RPW + mt * 16 + lane / 4 + e2 * 8,
                         col0 + (lane % 4) * 2, seqlen_q, seqlen_k);
-                score.template apply_fragment<SPLIT>(p, s[mt], dist, row_bias[mt]);
+                score.template apply_fragment<MaskT::LEFT_OF_DIAGONAL, SIDED>(p, s[mt], dist,
+                                                                             row_bias[mt]);
             }
         }
 
@@ -309,7 +312,7 @@ fa2_forward(const FwdParams p) {
 
         // Online softmax (softmax.cuh): m_new = max(m_i, rowmax(S_ij)),
         // P~_ij = exp(scale (S_ij - m_new)) in place of S_ij, l_i and O~_i rescaled.
-        softmax.template update<SPLIT>(s, o, score.exp2_scale, lane, row_bias);
+        softmax.template update<ROW_BIAS>(s, o, score.exp2_scale, lane, row_bias);
 
         if (KV_STAGES == 1) {
             cp_async_wait<0>();

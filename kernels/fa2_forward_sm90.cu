@@ -358,9 +358,11 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             const int col0 = j * B_c;
             // The score hook (score.cuh): S_ij as the softmax sees it (nothing to do for the
             // scale alone, which the softmax folds into its exponent).
-            // SPLIT: under the causal mask the hook leaves its part per row and lane out of S,
-            // in row_bias, for the softmax to add back (score.cuh).
-            constexpr bool SPLIT = Score::REWRITES && MaskT::LEFT_OF_DIAGONAL;
+            // ALiBi's part per row and lane is left out of S where the block lies on one side
+            // of the diagonal, in row_bias, for the softmax to add back (0 elsewhere); outside
+            // the causal mask only where SIDED (score.cuh).
+            constexpr bool SIDED = split_alibi_both_sides<HD>();
+            constexpr bool ROW_BIAS = Score::REWRITES && (SIDED || MaskT::LEFT_OF_DIAGONAL);
             float row_bias[1][2];
             if constexpr (Score::REWRITES) {
                 // (the diagonal distance at this lane's first column, its two rows: score.cuh)
@@ -373,14 +375,15 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                         p, row_lane + e2 * 8, col0 + (lane % 4) * 2,
                         SeqT::PACKED ? seqlen_q : p.seqlen_q,
                         SeqT::PACKED ? seq.seqlen_k : p.seqlen_k);
-                score.template apply_fragment<SPLIT>(p, s[0], dist, row_bias[0]);
+                score.template apply_fragment<MaskT::LEFT_OF_DIAGONAL, SIDED>(p, s[0], dist,
+                                                                             row_bias[0]);
             }
             // Mask (mask.cuh), on blocks that cross a mask limit or the end of K
             // (block_range.cuh): S_ij[r, c] = -inf where key c is not visible from query r.
             if (j >= cb.masked_begin || (MaskT::LOCAL && j < cb.unmasked_begin))
                 mask_fragment(mask, s[0], row_lane, col0, lane);
             // Online softmax (softmax.cuh): P~_ij in place of S_ij, l_i and O~_i rescaled.
-            softmax.template update<SPLIT>(s, o, score.exp2_scale, lane, row_bias);
+            softmax.template update<ROW_BIAS>(s, o, score.exp2_scale, lane, row_bias);
 #pragma unroll
             for (int kk = 0; kk < B_c / 16; ++kk) pack_a_fragment<T>(pa[kk], s[0], kk);
         };

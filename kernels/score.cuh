@@ -19,9 +19,10 @@
 //               and four backward tiles spilled.) Both features are
 //               runtime parameters of the one hooked kernel (a kernel per combination would
 //               double the compiled specialisations again); the plain path keeps ScoreScale.
-// The forward kernels take ALiBi in two parts where no row sees a key right of its diagonal
-// (causal masks): the element's (one FFMA) and the row's, which the softmax adds to its row
-// max and exponent (apply_fragment with row_bias, OnlineSoftmax::update with row_bias).
+// The forward kernels take ALiBi in two parts wherever a block lies on one side of its rows'
+// diagonal (every block under the causal mask; all but the blocks crossing it otherwise): the
+// element's (one FFMA) and the row's, which the softmax adds to its row max and exponent
+// (apply_fragment with row_bias, OnlineSoftmax::update with row_bias).
 // The backward needs the hook's derivative for dS: apply(s, dist, dfactor) also gives
 // dfactor = 1 - tanh^2 with the softcap, 1 without (ALiBi's bias has none): d(hooked)/dS is
 // dfactor, and the kernels apply the scale after their matmuls, as without a hook.
@@ -63,6 +64,16 @@ struct ScoreScale {
 template <class SeqT, class MaskT>
 __host__ __device__ constexpr bool shifted_diagonal() {
     return !SeqT::PACKED && MaskT::LOCAL;
+}
+
+// Whether a forward tile of head-dim bucket HD splits ALiBi on both sides of the diagonal
+// (ScoreHook::apply_fragment's SIDED) outside the causal mask: at d 64, where the softmax's
+// work per element weighs most against the matmuls (session 19, non-causal ALiBi: the Hopper
+// forward 1-4% faster, the portable one 4-6%). At d 128 the portable forward measured 1-3%
+// slower, and the Hopper tiles of d 128 (128 x 176) and d 256 spilled.
+template <int HD>
+__host__ __device__ constexpr bool split_alibi_both_sides() {
+    return HD <= 64;
 }
 
 // tanh on the special-function unit (sm_75+): relative error about 2^-11, below the rounding
@@ -151,35 +162,56 @@ struct ScoreHook {
             fragment<false>(p, s, dist);
     }
 
-    // The same where SPLIT: no row sees a key right of its diagonal (the mask's
-    // LEFT_OF_DIAGONAL, the causal mask). Every visible distance is then >= 0, and ALiBi's
-    // term at the lane's column c of the block splits into a part of the element and a part
-    // of the row:  -slope |dist - c| = slope c - slope dist.  S gets slope c (one FFMA with an
-    // immediate per element, where the full term takes an FADD and an FFMA) and row_bias[e2]
-    // = -slope dist[e2] comes back for the softmax, which adds it to this lane's row max and
-    // to its exponent's offset (OnlineSoftmax::update<true>): m_i, P~ and L_i are those of
-    // the full term. (Hidden keys are masked to -inf after the hook either way.) Without
-    // SPLIT: apply_fragment above, row_bias untouched.
-    template <bool SPLIT, class Params, int NT>
+    // The same with ALiBi's term split into a part of the element and a part of the row
+    // wherever this warp's block lies on one side of each row's diagonal. Left of it (every
+    // distance >= 0: always under the mask's LEFT_OF_DIAGONAL, the causal mask, where hidden
+    // keys are masked to -inf after the hook), the term at the lane's column c of the block is
+    //     -slope |dist - c| = slope c - slope dist,
+    // right of it (every distance <= 0) -slope c + slope dist: S gets sign slope c (one FFMA
+    // with an immediate per element, where the full term takes an FADD and an FFMA) and
+    // row_bias[e2] = -sign slope dist[e2] comes back for the softmax, which adds it to this
+    // lane's row max and to its exponent's offset (OnlineSoftmax::update<true>): m_i, P~ and
+    // L_i are those of the full term. Without a causal mask the side is a warp vote on the
+    // lanes' distances (uniform, so that each variant stays one straight run): only the blocks
+    // that cross the diagonal, about one per row in n / B_c, take the full term, with
+    // row_bias = 0. SIDED = false keeps the full term outside the causal mask (row_bias = 0):
+    // the kernels pass split_alibi_both_sides<HD>() and call OnlineSoftmax::update<true> where
+    // either split may happen.
+    template <bool LEFT_OF_DIAGONAL, bool SIDED, class Params, int NT>
     __device__ __forceinline__ void apply_fragment(const Params& p, float (&s)[NT][4],
                                                    const float (&dist)[2],
                                                    float (&row_bias)[2]) const {
-        if constexpr (SPLIT) {
-            row_bias[0] = -slope * dist[0];
-            row_bias[1] = -slope * dist[1];
-            if (p.softcap_in != 0.f)
-                fragment<true, true>(p, s, dist);
-            else
-                fragment<false, true>(p, s, dist);
-        } else {
+        float side = 1.f;  // +1: left of the diagonal, -1: right of it
+        if constexpr (!LEFT_OF_DIAGONAL && !SIDED) {
+            row_bias[0] = row_bias[1] = 0.f;
             apply_fragment(p, s, dist);
+            return;
+        } else if constexpr (!LEFT_OF_DIAGONAL) {
+            constexpr float LAST_C = (NT - 1) * 8 + 1;  // the lane's last column offset
+            const bool left = __all_sync(0xffffffffu, fminf(dist[0], dist[1]) >= LAST_C);
+            const bool right = __all_sync(0xffffffffu, fmaxf(dist[0], dist[1]) <= 0.f);
+            if (!left && !right) {
+                row_bias[0] = row_bias[1] = 0.f;
+                apply_fragment(p, s, dist);
+                return;
+            }
+            side = left ? 1.f : -1.f;
         }
+        const float signed_slope = side * slope;
+        row_bias[0] = -signed_slope * dist[0];
+        row_bias[1] = -signed_slope * dist[1];
+        if (p.softcap_in != 0.f)
+            fragment<true, true>(p, s, dist, signed_slope);
+        else
+            fragment<false, true>(p, s, dist, signed_slope);
     }
 
   private:
+    // (SPLIT: the element's part of the split term, signed_slope c; else the full term)
     template <bool SOFTCAP, bool SPLIT = false, class Params, int NT>
     __device__ __forceinline__ void fragment(const Params& p, float (&s)[NT][4],
-                                             const float (&dist)[2]) const {
+                                             const float (&dist)[2],
+                                             float signed_slope = 0.f) const {
         const float cap_in = p.softcap_in, cap_out = p.softcap_out;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
@@ -187,7 +219,7 @@ struct ScoreHook {
             for (int e = 0; e < 4; ++e) {
                 const float x = SOFTCAP ? cap_out * softcap_tanh(s[nt][e], cap_in) : s[nt][e];
                 const float c = static_cast<float>(nt * 8 + e % 2);  // (a compile-time constant)
-                s[nt][e] = SPLIT ? fmaf(slope, c, x) : alibi(x, dist[e / 2] - c);
+                s[nt][e] = SPLIT ? fmaf(signed_slope, c, x) : alibi(x, dist[e / 2] - c);
             }
     }
 };

@@ -173,6 +173,35 @@ def test_alibi_split_keeps_the_row_max_in_true_units():
         assert_same_attention(O, L, O2, L2, 1e-12)
 
 
+def test_alibi_splits_on_both_sides_of_the_diagonal():
+    """Without the causal mask the forward splits ALiBi wherever a block lies on one side of
+    every row's diagonal: left (+slope (j - j0), row part -slope (i + s_k - s_q - j0)), right
+    (both negated); blocks crossing it take the whole term. Each of the three occurs here,
+    S' + row_bias is the hooked S on every block, and with steep slopes the tiled forward
+    still equals the naive one."""
+    rng = np.random.default_rng(11)
+    q, k, v = (_rand(rng, 1, 300, 2, 8) for _ in range(3))
+    slopes = np.array([16.0, 0.5])
+    score = ref.Score(0.3, 2.0, slopes)
+    sides = set()
+    for j0 in range(0, 300, 64):
+        rows, cols = np.arange(96, 128), np.arange(j0, min(j0 + 64, 300))
+        S_raw = _rand(rng, 1, 2, len(rows), len(cols))
+        S2, row_bias = score.apply_split(np, S_raw, rows, cols, 300, 300, False)
+        np.testing.assert_allclose(S2 + row_bias, score.apply(np, S_raw, rows, cols, 300, 300),
+                                   rtol=1e-12, atol=1e-9)
+        dist = rows[:, None] - cols[None, :]
+        side = "left" if (dist >= 0).all() else "right" if (dist <= 0).all() else "cross"
+        sides.add(side)
+        assert np.all(np.asarray(row_bias) == 0) == (side == "cross")
+    assert sides == {"left", "right", "cross"}
+    O, L = ref.attention_naive(q, k, v, False, alibi_slopes=slopes)
+    for rescale in (None, 8):
+        O2, L2 = ref.attention_fa2_tiled(q, k, v, False, B_r=32, B_c=64, rescale_log2=rescale,
+                                         alibi_slopes=slopes)
+        assert_same_attention(O, L, O2, L2, 1e-12)
+
+
 # ---- the backward ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw", [dict(softcap=1.5), dict(alibi_slopes=[0.3, 0.7]),
