@@ -271,7 +271,8 @@ def has_bulk_copy(compute_capability: int) -> bool:
 #     (Sm90ForwardConfig; the H100/H200 run them where TMA can describe q, k and v, and the
 #     "sm90" row otherwise), built as sm_90a code.
 #   passes: "fwd"; "fwd_feat", "bwd_feat": kernels with a sliding window or the score hook
-#     (the forward's: or over a variable-length batch), where listed; "fwd_packed": the
+#     (the forward's: or over a variable-length batch; the Hopper forward's: a window, or the
+#     hook over a variable-length batch, the hook alone taking the plain tiles), where listed; "fwd_packed": the
 #     forward over a variable-length batch, where listed; "bwd_hook": the backward with the
 #     score hook; "fwd_short", key sequences of at most SHORT_KEYS[HD] keys (non-causal,
 #     causal), where listed (class sm90a: SM90_SHORT_KEYS); "bwd".
@@ -624,17 +625,18 @@ def _table() -> dict:
     put("sm90a", "fwd_short", 64, True, [_h(64, 128, 4)])
     put("sm90a", "fwd_short", 128, None, [_h(128, 128, 2)])
     put("sm90a", "fwd_short", 256, None, [_h(256, 64, 2)])
-    # fwd_feat: with the score hook or a sliding window, the three-warpgroup d 64 tile spills
-    # at B_c 128 (its 160 registers hold no more); B_c 112 fits, and measured against the
-    # two-warpgroup short tile with the hook (issue 19, third round): non-causal 1.11-1.19x
-    # faster (n 2k, 8k), causal 0.90x at n 2k and 1.04x at 8k, so causal keeps the short tile.
+    # fwd_feat: with a sliding window (or the score hook over a variable-length batch), d 64's
+    # three-warpgroup tile at B_c 112, measured against the two-warpgroup short tile with
+    # the hook (issue 19, third round): non-causal 1.11-1.19x faster (n 2k, 8k), causal 0.90x
+    # at n 2k and 1.04x at 8k, so causal keeps the short tile. The hook alone over a dense
+    # batch takes the plain call's tiles at every head dim (sm90_forward_config): at d 64 the
+    # three-warpgroup B_c 128 tiles fit it spill-free, and measured against B_c 112 with the
+    # hook (session 19, score_hook_bench --configs): non-causal 5-8% less time with the
+    # softcap and 1-7% with ALiBi at n 2k-8k, causal 0-3% past the short keys (where B_c 112
+    # had measured 1.11x (softcap) and 1.07x (ALiBi) faster than the two-warpgroup tile at n
+    # 8k, session 18).
     put("sm90a", "fwd_feat", 64, False, [_h(64, 112, 3, consumers=3)])
     put("sm90a", "fwd_feat", 64, True, [_h(64, 128, 4)])
-    # fwd_hooked: the score hook alone (no window, dense batch) past the short keys
-    # (SM90_SHORT_KEYS; up to there the plain short tile, which fits the hook): causal d 64 on
-    # the three-warpgroup B_c 112 tile, at n 8k 1.11x (softcap) and 1.07x (ALiBi) faster than
-    # the two-warpgroup one, at n 2k 0.97x and 0.89x (session 18, score_hook_bench --configs)
-    put("sm90a", "fwd_hooked", 64, True, [_h(64, 112, 3, consumers=3)])
     # fwd_local_hooked: a window and the hook in one kernel; d 128's 128x176 spills there
     # causal (4 bytes, the hook's two loop variants, score.cuh apply_fragment).
     put("sm90a", "fwd_local_hooked", 128, True, [_h(128, 128, 2, lazy=True)])
@@ -687,15 +689,14 @@ def sm90_forward_config(d: int, causal: bool, seqlen_k: int | None = None,
     `seqlen_k` where given (the short-sequence tile up to SM90_SHORT_KEYS), with a sliding
     window (local), the score hook (hooked), over a variable-length batch (packed). The
     first of these rows that is listed: "fwd_local_hooked" (a window and the hook),
-    "fwd_hooked" (the hook alone over a dense batch, keys past the short ones), "fwd_feat" (a
-    window or the hook), "fwd_packed"; else the plain call's tile."""
+    "fwd_feat" (a window, or the hook over a variable-length batch), "fwd_packed"; else the
+    plain call's tile (the hook alone over a dense batch too)."""
     HD, c = sm90_head_dim_bucket(d), bool(causal)
     if packed:  # (the entries' lengths are not known here: the long-key tile)
         seqlen_k = None
     short = sm90_forward_short(d, causal, seqlen_k)
     for kind, on in (("fwd_local_hooked", local and hooked),
-                     ("fwd_hooked", hooked and not (local or packed or short)),
-                     ("fwd_feat", local or hooked), ("fwd_packed", packed)):
+                     ("fwd_feat", local or (hooked and packed)), ("fwd_packed", packed)):
         if on and ("sm90a", kind, HD, c) in TILES:
             return TILES[("sm90a", kind, HD, c)][0]
     return TILES[("sm90a", "fwd_short" if short else "fwd", HD, c)][0]

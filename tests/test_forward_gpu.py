@@ -154,11 +154,16 @@ def test_row_maxima_rising_across_key_blocks(dt, causal, family):
 @pytest.mark.parametrize("d", [64, 128, 192, 256])
 def test_long_key_sequences(dt, causal, d, family):
     """Keys past every short-sequence limit (the Hopper family's SM90_SHORT_KEYS, the portable
-    SHORT_KEYS), so that each bucket's usual tile runs too; odd lengths, GQA."""
+    SHORT_KEYS), so that each bucket's usual tile runs too, plain and with the score hook
+    (ALiBi, with and without the softcap: on Hopper the hook alone takes the plain call's
+    tiles); odd lengths, GQA."""
     longest = max(max(limits) for table in (_plan.SM90_SHORT_KEYS, _plan.SHORT_KEYS)
                   for limits in table.values())
     q, k, v = make_qkv((1, 259, 4, d), (1, longest + 3, 2, d), DTYPES[dt], False)
     run_and_check(q, k, v, causal)
+    slopes = cp.asarray(np.random.default_rng(d).uniform(0.01, 0.3, 4).astype(np.float32))
+    for softcap in (0.0, 5.0):
+        run_and_check(q, k, v, causal, softcap=softcap, alibi_slopes=slopes)
 
 
 WINDOWS = [(0, 0), (5, 0), (64, -1), (127, 3), (-1, 17), (300, 300), (1000, 0)]

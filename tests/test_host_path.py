@@ -652,22 +652,23 @@ def test_sm90_backward_takes_the_hook(fake, d):
 
 
 @pytest.mark.parametrize("d, causal, n, expect", [
-    (64, True, 2048, (128, 2)),    # short keys: the plain short tile, which fits the hook
-    (64, True, 8192, (112, 3)),    # longer: fwd_hooked, three consumers at B_c 112
-    (64, False, 2048, (112, 3)),   # non-causal: fwd_feat at every length
-    (128, True, 4096, (128, 2)),   # the short tile, as the plain call's
-    (128, True, 8192, (176, 2)),
-    (128, False, 2048, (176, 2)),  # (non-causal d 128: short up to 512 keys only)
+    (64, True, 2048, (128, 4, 2)),    # short keys: the plain call's short tile
+    (64, True, 8192, (128, 3, 3)),    # longer: the plain call's, three consumers
+    (64, False, 2048, (128, 4, 3)),   # (non-causal d 64: short up to 8192 keys)
+    (64, False, 16384, (128, 3, 3)),
+    (128, True, 4096, (128, 2, 2)),
+    (128, True, 8192, (176, 2, 2)),
+    (128, False, 2048, (176, 2, 2)),  # (non-causal d 128: short up to 512 keys only)
 ])
 def test_sm90_hooked_forward_tiles_follow_the_key_length(fake, d, causal, n, expect):
-    """The softcap alone (no window, dense batch) on Hopper: the plain call's short-key tile
-    up to SM90_SHORT_KEYS where it fits the hook, then fwd_hooked or fwd_feat where listed;
-    a window with the hook keeps its own tile at any length."""
+    """The softcap alone (no window, dense batch) on Hopper takes the plain call's tiles, by
+    key length (SM90_SHORT_KEYS); a window with the hook keeps its own tile at any length."""
     q, k, v = _qkv(1, 64, n, 2, 2, d)
     _api.forward(q, k, v, causal=causal, softcap=5.0)
     ((name, *_),) = fake
     cfg = _plan.sm90_forward_config(d, causal, n, hooked=True)
-    assert (cfg.B_c, cfg.consumers) == expect
+    assert (cfg.B_c, cfg.stages, cfg.consumers) == expect
+    assert cfg == _plan.sm90_forward_config(d, causal, n)
     assert name == _plan.sm90_forward_kernel_name("float16", cfg, causal, hooked=True)
     del fake[:]
     _api.forward(q, k, v, causal=causal, softcap=5.0, window_size=(32, 0))
