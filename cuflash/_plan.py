@@ -272,10 +272,10 @@ def has_bulk_copy(compute_capability: int) -> bool:
 #     "sm90" row otherwise), built as sm_90a code.
 #   passes: "fwd"; "fwd_feat", "bwd_feat": kernels with a sliding window or the score hook
 #     (the forward's: or over a variable-length batch; the Hopper forward's: a window, or the
-#     hook over a variable-length batch, the hook alone taking the plain tiles), where listed; "fwd_packed": the
-#     forward over a variable-length batch, where listed; "bwd_hook": the backward with the
-#     score hook; "fwd_short", key sequences of at most SHORT_KEYS[HD] keys (non-causal,
-#     causal), where listed (class sm90a: SM90_SHORT_KEYS); "bwd".
+#     hook over a variable-length batch, the hook alone taking the plain tiles), where listed;
+#     "fwd_packed": the forward over a variable-length batch, where listed; "bwd_hook": the
+#     backward with the score hook; "fwd_short", key sequences of at most SHORT_KEYS[HD]
+#     keys (non-causal, causal), where listed (class sm90a: SM90_SHORT_KEYS); "bwd".
 # Each tile is spill-free where it is planned (the compile check enforces it) and was the
 # fastest spill-free shape measured on the H200 (the feat and hook rows: not measured yet);
 # PERFORMANCE.md has the measurements behind each choice. Some notes on them:
