@@ -422,10 +422,8 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                         for (int e1 = 0; e1 < 2; ++e1) {
                             const float s_raw = st[nt][2 * e2 + e1];
                             float x = s_raw, dfactor = 1.f, exponent_scale = p.scale_log2;
-                            if constexpr (SOFTCAP) {
-                                const float th = ScoreHook::softcap_tanh(s_raw, p.softcap_in);
-                                x = ALIBI ? p.softcap_out * th : th;
-                                dfactor = 1.f - th * th;
+                            if constexpr (SOFTCAP) {  // (alone: the factors folded)
+                                x = ScoreHook::softcap<!ALIBI>(p, s_raw, dfactor);
                                 if constexpr (!ALIBI) exponent_scale = p.softcap_log2;
                             }
                             if constexpr (ALIBI)

@@ -124,6 +124,17 @@ struct ScoreHook {
     __device__ static __forceinline__ float softcap_tanh(float s, float cap_in) {
         return tanh_approx(s * cap_in);
     }
+    //   the softcap's step of an element pass that needs its derivative too (the backward):
+    //            t = tanh(scale S / softcap), dfactor = 1 - t^2, and the hooked score in S's
+    //            units (softcap_out t), or t itself where FOLDED: the caller takes the
+    //            exponent as exp2(softcap_log2 t - ...), the factors folded (the softcap alone)
+    template <bool FOLDED, class Params>
+    __device__ static __forceinline__ float softcap(const Params& p, float s, float& dfactor) {
+        const float t = softcap_tanh(s, p.softcap_in);
+        const float hooked = FOLDED ? t : p.softcap_out * t;
+        dfactor = 1.f - t * t;
+        return hooked;
+    }
     //   ALiBi:   S - slope |i + seqlen_k - seqlen_q - j|, given that distance
     __device__ __forceinline__ float alibi(float s, float dist) const {
         return fmaf(-slope, fabsf(dist), s);
@@ -135,11 +146,8 @@ struct ScoreHook {
     __device__ __forceinline__ float apply(const Params& p, float s, float dist,
                                            float& dfactor) const {
         dfactor = 1.f;
-        if (p.softcap_in != 0.f) {  // (uniform: every lane of the kernel takes the same way)
-            const float t = softcap_tanh(s, p.softcap_in);
-            s = p.softcap_out * t;
-            dfactor = 1.f - t * t;
-        }
+        if (p.softcap_in != 0.f)  // (uniform: every lane of the kernel takes the same way)
+            s = softcap<false>(p, s, dfactor);
         return alibi(s, dist);  // (a slope of 0: S itself)
     }
     template <class Params>
