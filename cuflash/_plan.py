@@ -626,15 +626,17 @@ def _table() -> dict:
     put("sm90a", "fwd_short", 128, None, [_h(128, 128, 2)])
     put("sm90a", "fwd_short", 256, None, [_h(256, 64, 2)])
     # fwd_feat: with a sliding window (or the score hook over a variable-length batch), d 64's
-    # three-warpgroup tile at B_c 112, measured against the two-warpgroup short tile with
-    # the hook (issue 19, third round): non-causal 1.11-1.19x faster (n 2k, 8k), causal 0.90x
-    # at n 2k and 1.04x at 8k, so causal keeps the short tile. The hook alone over a dense
-    # batch takes the plain call's tiles at every head dim (sm90_forward_config): at d 64 the
-    # three-warpgroup B_c 128 tiles fit it spill-free, and measured against B_c 112 with the
-    # hook (session 19, score_hook_bench --configs): non-causal 5-8% less time with the
-    # softcap and 1-7% with ALiBi at n 2k-8k, causal 0-3% past the short keys (where B_c 112
-    # had measured 1.11x (softcap) and 1.07x (ALiBi) faster than the two-warpgroup tile at n
-    # 8k, session 18).
+    # three-warpgroup tile at B_c 112 non-causal: at B_c 128 a window with the hook spills
+    # there (and the packed kernels, causal with the hook too; session 19's compile check).
+    # Causal keeps the two-warpgroup short tile. (The issue-19 third round measured B_c 112
+    # against that short tile with the hook: non-causal 1.11-1.19x faster at n 2k and 8k,
+    # causal 0.90x at n 2k and 1.04x at 8k.) The hook alone over a dense batch takes the
+    # plain call's tiles at every head dim (sm90_forward_config): at d 64 the three-warpgroup
+    # B_c 128 tiles fit it spill-free, and measured against B_c 112 with the hook (session
+    # 19, score_hook_bench --configs, two rounds): non-causal 2-9% less time at n 2k-16k;
+    # causal past the short keys 1-8% less with ALiBi, 0-1% more with the softcap (where B_c
+    # 112 had measured 1.11x (softcap) and 1.07x (ALiBi) faster than the two-warpgroup tile
+    # at n 8k, session 18).
     put("sm90a", "fwd_feat", 64, False, [_h(64, 112, 3, consumers=3)])
     put("sm90a", "fwd_feat", 64, True, [_h(64, 128, 4)])
     # fwd_local_hooked: a window and the hook in one kernel; d 128's 128x176 spills there

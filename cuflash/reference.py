@@ -254,8 +254,9 @@ class Score:
     def apply_split(self, xp, S_raw, rows, cols, seqlen_q: int, seqlen_k: int,
                     left_of_diagonal: bool):
         """(S', row_bias) with apply()'s S = S' + row_bias, as the forward kernels split it
-        (kernels/score.cuh): where the block lies left of every row's diagonal (always where no
-        row sees a key right of it: hidden keys are masked after), ALiBi's
+        (kernels/score.cuh; they split outside the causal mask at d 64 only, the identity is
+        the same at every head dim): where the block lies left of every row's diagonal
+        (always where no row sees a key right of it: hidden keys are masked after), ALiBi's
         -slope |i + seqlen_k - seqlen_q - j| is -slope (i + seqlen_k - seqlen_q - j0) for the
         row (row_bias, (..., len(rows), 1)) plus slope (j - j0) for the element, j0 = cols[0];
         right of it, the same terms negated (the softmax adds row_bias to the row max and to
@@ -436,8 +437,8 @@ def attention_fa2_tiled(q, k, v, causal=False, softmax_scale=None, B_r=64, B_c=6
                 assert block_visible.all(), f"unmasked block ({i}, {j}) has masked keys"
             S_ij, row_bias = score.apply_split(                    # S_ij = hook(scale Q_i K_j^T)
                 np, Q_i @ K[:, :, cols].transpose(0, 1, 3, 2),        # less its row part (ALiBi
-                np.arange(seqlen_q)[rows], np.arange(seqlen_k)[cols],  # left of the diagonal:
-                seqlen_q, seqlen_k, mask.left_of_diagonal)            # score.cuh), row_bias
+                np.arange(seqlen_q)[rows], np.arange(seqlen_k)[cols],  # on one side of the
+                seqlen_q, seqlen_k, mask.left_of_diagonal)            # diagonal), row_bias
             if not whole:
                 S_ij = np.where(block_visible, S_ij, -np.inf)
             m_new = np.maximum(m_i, (S_ij.max(axis=-1, keepdims=True)  # m_new = max(m, rowmax S)

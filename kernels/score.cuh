@@ -20,9 +20,10 @@
 //               runtime parameters of the one hooked kernel (a kernel per combination would
 //               double the compiled specialisations again); the plain path keeps ScoreScale.
 // The forward kernels take ALiBi in two parts wherever a block lies on one side of its rows'
-// diagonal (every block under the causal mask; all but the blocks crossing it otherwise): the
-// element's (one FFMA) and the row's, which the softmax adds to its row max and exponent
-// (apply_fragment with row_bias, OnlineSoftmax::update with row_bias).
+// diagonal (every block under the causal mask; outside it, at d 64, all but the blocks
+// crossing it: split_alibi_both_sides): the element's (one FFMA) and the row's, which the
+// softmax adds to its row max and exponent (apply_fragment with row_bias,
+// OnlineSoftmax::update with row_bias).
 // The backward needs the hook's derivative for dS: apply(s, dist, dfactor) also gives
 // dfactor = 1 - tanh^2 with the softcap, 1 without (ALiBi's bias has none): d(hooked)/dS is
 // dfactor, and the kernels apply the scale after their matmuls, as without a hook.
@@ -66,14 +67,15 @@ __host__ __device__ constexpr bool shifted_diagonal() {
     return !SeqT::PACKED && MaskT::LOCAL;
 }
 
-// Whether a forward tile of head-dim bucket HD splits ALiBi on both sides of the diagonal
-// (ScoreHook::apply_fragment's SIDED) outside the causal mask: at d 64, where the softmax's
-// work per element weighs most against the matmuls (session 19, non-causal ALiBi: the Hopper
-// forward 1-4% faster, the portable one 4-6%). At d 128 the portable forward measured 1-3%
-// slower, and the Hopper tiles of d 128 (128 x 176) and d 256 spilled.
+// Whether a forward or decode tile of head-dim bucket HD splits ALiBi on both sides of the
+// diagonal (ScoreHook::apply_fragment's SIDED) outside the causal mask: at d 64, where the
+// softmax's work per element weighs most against the matmuls (session 19, non-causal ALiBi:
+// the Hopper forward 1-3% less time, the portable one 4-6%). At d 128 the portable forward
+// measured 1-3% slower, and the Hopper tiles of d 128 (128 x 176) and d 256 spilled; d 32
+// was not measured.
 template <int HD>
 __host__ __device__ constexpr bool split_alibi_both_sides() {
-    return HD <= 64;
+    return HD == 64;
 }
 
 // tanh on the special-function unit (sm_75+): relative error about 2^-11, below the rounding
