@@ -171,6 +171,17 @@ def test_decode_features(features):
                causal=True, **features)
 
 
+@pytest.mark.parametrize("window", [(-1, -1), (100, 13)], ids=str)
+@pytest.mark.parametrize("softcap", [0.0, 10.0])
+def test_decode_alibi_d64_not_causal(window, softcap):
+    """ALiBi at d 64 without the causal mask: the decode kernel splits its term into a part
+    per element and one per row on the blocks left of the rows' diagonal, and keeps the
+    whole term on the block that crosses it (score.cuh, split_alibi_both_sides)."""
+    slopes = cp.asarray(np.random.default_rng(5).uniform(0.01, 0.3, (3, 16)).astype(np.float32))
+    run_decode([1, 700, 3000], 16, 4, 64, DTYPES["fp16"], seqlen_q=2, seqlen_new=2,
+               causal=False, window_size=window, softcap=softcap, alibi_slopes=slopes)
+
+
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_every_decode_tile(d):
     """Each tile of the decode table (one GPU runs only the largest that fits; the smaller
