@@ -317,9 +317,8 @@ fa2_decode(const DecodeParams p) {
 
         // The score hook (score.cuh), at each row's own position; ALiBi's part per row and lane
         // is left out of S where the block lies on one side of the diagonal, in row_bias, for
-        // the softmax to add back (0 elsewhere); outside the causal mask only where SIDED.
-        constexpr bool SIDED = split_alibi_both_sides<HD>();
-        constexpr bool ROW_BIAS = ScoreT::REWRITES && (SIDED || MaskT::LEFT_OF_DIAGONAL);
+        // the softmax to add back (0 elsewhere); outside the causal mask at d 64 only.
+        constexpr bool ROW_BIAS = ScoreT::template has_row_bias<HD, MaskT>();
         float row_bias[1][2];
         if constexpr (ScoreT::REWRITES) {
             float dist[2];
@@ -327,8 +326,7 @@ fa2_decode(const DecodeParams p) {
             for (int e2 = 0; e2 < 2; ++e2)
                 dist[e2] = score.template diagonal<false>(p, pos[e2], col0 + (lane % 4) * 2,
                                                           seqlen_q, seqlen_k);
-            score.template apply_fragment<MaskT::LEFT_OF_DIAGONAL, SIDED>(p, s[0], dist,
-                                                                         row_bias[0]);
+            score.template apply_fragment<HD, MaskT>(p, s[0], dist, row_bias[0]);
         }
         // Mask (mask.cuh): S_ij[r, c] = -inf where key c is hidden from row r's position, or
         // past the entry's keys.

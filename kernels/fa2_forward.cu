@@ -284,9 +284,8 @@ fa2_forward(const FwdParams p) {
         // The score hook (score.cuh): S_ij as the softmax sees it (nothing to do for the scale
         // alone, which the softmax folds into its exponent). ALiBi's part per row and lane is
         // left out of S where the block lies on one side of the diagonal, in row_bias, for the
-        // softmax to add back (0 elsewhere); outside the causal mask only where SIDED.
-        constexpr bool SIDED = split_alibi_both_sides<HD>();
-        constexpr bool ROW_BIAS = Score::REWRITES && (SIDED || MaskT::LEFT_OF_DIAGONAL);
+        // softmax to add back (0 elsewhere); outside the causal mask at d 64 only.
+        constexpr bool ROW_BIAS = Score::template has_row_bias<HD, MaskT>();
         float row_bias[MT][2];
         if constexpr (Score::REWRITES) {
 #pragma unroll
@@ -297,8 +296,7 @@ fa2_forward(const FwdParams p) {
                     dist[e2] = score.template diagonal<shifted_diagonal<SeqT, MaskT>()>(
                         p, row0 + warp * RPW + mt * 16 + lane / 4 + e2 * 8,
                         col0 + (lane % 4) * 2, seqlen_q, seqlen_k);
-                score.template apply_fragment<MaskT::LEFT_OF_DIAGONAL, SIDED>(p, s[mt], dist,
-                                                                             row_bias[mt]);
+                score.template apply_fragment<HD, MaskT>(p, s[mt], dist, row_bias[mt]);
             }
         }
 

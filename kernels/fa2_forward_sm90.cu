@@ -360,9 +360,8 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             // scale alone, which the softmax folds into its exponent).
             // ALiBi's part per row and lane is left out of S where the block lies on one side
             // of the diagonal, in row_bias, for the softmax to add back (0 elsewhere); outside
-            // the causal mask only where SIDED (score.cuh).
-            constexpr bool SIDED = split_alibi_both_sides<HD>();
-            constexpr bool ROW_BIAS = Score::REWRITES && (SIDED || MaskT::LEFT_OF_DIAGONAL);
+            // the causal mask at d 64 only (score.cuh).
+            constexpr bool ROW_BIAS = Score::template has_row_bias<HD, MaskT>();
             float row_bias[1][2];
             if constexpr (Score::REWRITES) {
                 // (the diagonal distance at this lane's first column, its two rows: score.cuh)
@@ -375,8 +374,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                         p, row_lane + e2 * 8, col0 + (lane % 4) * 2,
                         SeqT::PACKED ? seqlen_q : p.seqlen_q,
                         SeqT::PACKED ? seq.seqlen_k : p.seqlen_k);
-                score.template apply_fragment<MaskT::LEFT_OF_DIAGONAL, SIDED>(p, s[0], dist,
-                                                                             row_bias[0]);
+                score.template apply_fragment<HD, MaskT>(p, s[0], dist, row_bias[0]);
             }
             // Mask (mask.cuh), on blocks that cross a mask limit or the end of K
             // (block_range.cuh): S_ij[r, c] = -inf where key c is not visible from query r.

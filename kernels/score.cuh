@@ -45,6 +45,11 @@ struct ScoreScale {
     __device__ __forceinline__ ScoreScale(const Params& p, int /*batch*/, int /*head*/)
         : ScoreScale(p) {}
 
+    // Whether apply_fragment leaves a part of S per row in row_bias (ScoreHook's): never.
+    template <int HD, class MaskT>
+    __host__ __device__ static constexpr bool has_row_bias() {
+        return false;
+    }
     template <bool SHIFTED, class Params>
     __device__ __forceinline__ float diagonal(const Params&, int, int, int, int) const {
         return 0.f;
@@ -68,7 +73,7 @@ __host__ __device__ constexpr bool shifted_diagonal() {
 }
 
 // Whether a forward or decode tile of head-dim bucket HD splits ALiBi on both sides of the
-// diagonal (ScoreHook::apply_fragment's SIDED) outside the causal mask: at d 64, where the
+// diagonal (ScoreHook::apply_fragment) outside the causal mask: at d 64, where the
 // softmax's work per element weighs most against the matmuls (session 19, non-causal ALiBi:
 // the Hopper forward 1-3% less time, the portable one 4-6%). At d 128 the portable forward
 // measured 1-3% slower, and the Hopper tiles of d 128 (128 x 176) and d 256 spilled; d 32
@@ -184,22 +189,25 @@ struct ScoreHook {
     // L_i are those of the full term. Without a causal mask the side is a warp vote on the
     // lanes' distances (uniform, so that each variant stays one straight run): only the blocks
     // that cross the diagonal, about one per row in n / B_c, take the full term, with
-    // row_bias = 0. SIDED = false keeps the full term outside the causal mask (row_bias = 0):
-    // the kernels pass split_alibi_both_sides<HD>() and call OnlineSoftmax::update<true> where
-    // either split may happen.
-    template <bool LEFT_OF_DIAGONAL, bool SIDED, class Params, int NT>
+    // row_bias = 0. Outside the causal mask the split is taken only where
+    // split_alibi_both_sides<HD>() (else the full term, row_bias = 0): the kernels call
+    // OnlineSoftmax::update<has_row_bias<HD, MaskT>()>, true where either split may happen.
+    template <int HD, class MaskT>
+    __host__ __device__ static constexpr bool has_row_bias() {
+        return MaskT::LEFT_OF_DIAGONAL || split_alibi_both_sides<HD>();
+    }
+    template <int HD, class MaskT, class Params, int NT>
     __device__ __forceinline__ void apply_fragment(const Params& p, float (&s)[NT][4],
                                                    const float (&dist)[2],
                                                    float (&row_bias)[2]) const {
         float side = 1.f;  // +1: left of the diagonal, -1: right of it
-        if constexpr (!LEFT_OF_DIAGONAL && !SIDED) {
-            row_bias[0] = row_bias[1] = 0.f;
-            apply_fragment(p, s, dist);
-            return;
-        } else if constexpr (!LEFT_OF_DIAGONAL) {
-            constexpr float LAST_C = (NT - 1) * 8 + 1;  // the lane's last column offset
-            const bool left = __all_sync(0xffffffffu, fminf(dist[0], dist[1]) >= LAST_C);
-            const bool right = __all_sync(0xffffffffu, fmaxf(dist[0], dist[1]) <= 0.f);
+        if constexpr (!MaskT::LEFT_OF_DIAGONAL) {
+            bool left = false, right = false;
+            if constexpr (split_alibi_both_sides<HD>()) {
+                constexpr float LAST_C = (NT - 1) * 8 + 1;  // the lane's last column offset
+                left = __all_sync(0xffffffffu, fminf(dist[0], dist[1]) >= LAST_C);
+                right = __all_sync(0xffffffffu, fmaxf(dist[0], dist[1]) <= 0.f);
+            }
             if (!left && !right) {
                 row_bias[0] = row_bias[1] = 0.f;
                 apply_fragment(p, s, dist);
