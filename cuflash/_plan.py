@@ -625,9 +625,12 @@ def _table() -> dict:
     put("sm90a", "fwd_short", 64, True, [_h(64, 128, 4)])
     put("sm90a", "fwd_short", 128, None, [_h(128, 128, 2)])
     put("sm90a", "fwd_short", 256, None, [_h(256, 64, 2)])
-    # fwd_feat: with a sliding window (or the score hook over a variable-length batch), d 64's
+    # fwd_feat: two of a sliding window, the score hook and a variable-length batch: d 64's
     # three-warpgroup tile at B_c 112 non-causal: at B_c 128 a window with the hook spills
     # there (and the packed kernels, causal with the hook too; session 19's compile check).
+    # A window alone over a dense batch takes the plain call's tiles, the short one by the
+    # window's width (sm90_window_short): the three-warpgroup B_c 128 tiles fit it, and took
+    # 8-13% less time than the two-warpgroup tile at widths of 2048-8192 keys (session 19).
     # Causal keeps the two-warpgroup short tile. (The issue-19 third round measured B_c 112
     # against that short tile with the hook: non-causal 1.11-1.19x faster at n 2k and 8k,
     # causal 0.90x at n 2k and 1.04x at 8k.) The hook alone over a dense batch takes the
@@ -691,14 +694,14 @@ def sm90_forward_config(d: int, causal: bool, seqlen_k: int | None = None,
     `seqlen_k` where given (the short-sequence tile up to SM90_SHORT_KEYS), with a sliding
     window (local), the score hook (hooked), over a variable-length batch (packed). The
     first of these rows that is listed: "fwd_local_hooked" (a window and the hook),
-    "fwd_feat" (a window, or the hook over a variable-length batch), "fwd_packed"; else the
-    plain call's tile (the hook alone over a dense batch too)."""
+    "fwd_feat" (two of a window, the hook and a variable-length batch), "fwd_packed"; else
+    the plain call's tile (a window alone or the hook alone over a dense batch too)."""
     HD, c = sm90_head_dim_bucket(d), bool(causal)
     if packed:  # (the entries' lengths are not known here: the long-key tile)
         seqlen_k = None
     short = sm90_forward_short(d, causal, seqlen_k)
     for kind, on in (("fwd_local_hooked", local and hooked),
-                     ("fwd_feat", local or (hooked and packed)), ("fwd_packed", packed)):
+                     ("fwd_feat", local + hooked + packed >= 2), ("fwd_packed", packed)):
         if on and ("sm90a", kind, HD, c) in TILES:
             return TILES[("sm90a", kind, HD, c)][0]
     return TILES[("sm90a", "fwd_short" if short else "fwd", HD, c)][0]
@@ -712,12 +715,23 @@ def sm90_forward_short(d: int, causal: bool, seqlen_k: int | None) -> bool:
 def sm90_window_short(d: int, causal: bool, left: int, right: int, seqlen_k: int) -> bool:
     """Whether a sliding window (the kernels' sides left, right; causal: the right side
     bounded) takes head dim d's short-sequence Hopper tile: by the keys a row block visits,
-    the window's width and the long tile's 128 rows (seqlen_k where the right side is
-    unbounded), against the non-causal limit, as every row block visits about as many. Session
-    18 (bench/results/session18/window_tiles/, causal windows over 32k keys, d 128): the short
+    the window's width and the long tile's 128 rows, against SM90_WINDOW_SHORT_KEYS (else the
+    non-causal limit, as every row block visits about as many); where the right side is
+    unbounded, by seqlen_k, as a call without a window. Session 18
+    (bench/results/session18/window_tiles/, causal windows over 32k keys, d 128): the short
     tile took 24-27% less time at windows of 128 and 256 keys, 2% at 1024, 9% more at 4096."""
-    keys = min(seqlen_k, max(0, left + right) + 128) if causal else seqlen_k
-    return sm90_forward_short(d, False, keys)
+    if not causal:
+        return sm90_forward_short(d, False, seqlen_k)
+    keys = min(seqlen_k, max(0, left + right) + 128)
+    limit = SM90_WINDOW_SHORT_KEYS.get(sm90_head_dim_bucket(d))
+    return keys <= limit if limit is not None else sm90_forward_short(d, False, keys)
+
+
+# d 64 windows with a bounded right side (session 19, bench/results/session19/window_d64/,
+# n = 32k, no hook): the two-consumer short tile 10% faster than the three-consumer B_c 128
+# tile at 256 keys of width, 2% slower at 1024, 8-11% at 2048-8192; the limit between (a
+# width of 512, interpolated).
+SM90_WINDOW_SHORT_KEYS = {64: 512 + 128}
 
 
 # The longest key sequence that takes the short tile, per (head dim, causal), for every head
