@@ -831,7 +831,7 @@ def _forward(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, confi
                    params)
             if record is not None:
                 record.append((kernel, grid, cfg.threads, cfg.smem_bytes, params,
-                               bytes(params.buf), None))
+                               bytes(params.buf), None, None))
         _remember(key, record, device_id, q, k, v, out, lse)
     return out, lse
 
@@ -912,10 +912,13 @@ class _Repeat:
     """One remembered forward launch (see above)."""
 
     __slots__ = ("device_id", "kernel", "params", "template", "offsets", "tma", "out_shape",
-                 "dtype", "lse_shape", "extents", "filled", "launches")
+                 "dtype", "lse_shape", "extents", "filled", "launches", "tail")
 
     def __init__(self, launch, device_id, q, k, v, out, lse):
-        self.kernel, grid, threads, smem, self.params, self.template, self.tma = launch
+        self.kernel, grid, threads, smem, self.params, self.template, self.tma, tail = launch
+        # (a split tail's buffers are the launching stream's: written in at each launch)
+        self.tail = None if tail is None else \
+            (tail, _member_offsets(self.params, ("tail_parts", "tail_flags")))
         self.device_id, self.out_shape, self.dtype, self.lse_shape = \
             device_id, q.shape, q.dtype, lse.shape
         # (_launch_struct's: one launch, after whatever the stream ran before)
@@ -978,6 +981,12 @@ class _Repeat:
     def _launch(self, filled, stream: int) -> None:
         """The kernel on the parameter bytes `filled`, on the stream whose handle is given
         (the launch's device current)."""
+        if self.tail is not None:
+            cupy = _cupy()
+            (cfg, grid), offsets = self.tail
+            buffers = _tail_buffers(cupy, self.device_id, stream, cfg, grid)
+            filled = _with_addresses(filled, offsets,
+                                     (buffers["tail_parts"], buffers["tail_flags"]))
         _launch_struct(self.params, filled, self.launches, stream)
 
     def _launch_kept(self, cupy, seen) -> bool:
@@ -1076,15 +1085,21 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
             cfg, features["total_q"], nheads, batch,
             int(_device_properties(cupy, device_id)["multiProcessorCount"])), 1
     else:
-        shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id)
-        grid, per_unit = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
+        split_tail = not (causal or local or hooked)
+        shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail)
+        grid, per_unit, tail = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
+        if tail:  # (the split tail's buffers: fa2_forward_sm90.cu)
+            features = dict(features, tail_tiles=tail, **_tail_buffers(
+                cupy, device_id, cupy.cuda.get_current_stream().ptr, cfg, grid[0]))
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + {cfg.consumers} consumer "
               f"warpgroups): "
               f"B_r = {cfg.B_r}, B_c = {cfg.B_c}, {cfg.stages} K/V stages, head dim padded to "
               f"{cfg.HD}, persistent grid of {grid[0]} blocks over "
               + ("the packed batch's row blocks, handed out in turn, " if packed else
-                 f"{-(-seqlen_q // cfg.B_r) * nheads * batch} tiles ({per_unit} per unit), ") +
+                 f"{-(-seqlen_q // cfg.B_r) * nheads * batch} tiles ({per_unit} per unit"
+                 + (f"; the last {features['tail_tiles']} split by column blocks"
+                    if features.get("tail_tiles") else "") + "), ") +
               f"{cfg.smem_bytes} bytes of shared memory")
     qs, ks, vs = qkv_strides
     tm_q, tm_k, tm_v = maps
@@ -1098,7 +1113,8 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
         kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, params)
         if record is not None:
             record.append((kernel, grid, cfg.threads, cfg.smem_bytes, params, bytes(params.buf),
-                           (qkv_strides, dtype_name, cfg.B_r, cfg.B_c)))
+                           (qkv_strides, dtype_name, cfg.B_r, cfg.B_c),
+                           (cfg, grid[0]) if features.get("tail_tiles") else None))
     return True
 
 
@@ -1106,12 +1122,41 @@ _sm90_grids: dict = {}
 
 
 def _sm90_grid(cupy, shape_key: tuple):
-    """(grid, per_unit) of a Hopper forward launch (_registry.sm90_forward_grid) for
-    shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id), kept per shape: training
-    loops launch the same few."""
-    *shape, device_id = shape_key
+    """(grid, per_unit, tail_tiles) of a Hopper forward launch (_registry.sm90_forward_grid)
+    for shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail),
+    kept per shape: training loops launch the same few."""
+    cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail = shape_key
     return _keep(_sm90_grids, shape_key, _registry.sm90_forward_grid(
-        *shape, int(_device_properties(cupy, device_id)["multiProcessorCount"])))
+        cfg, causal, seqlen_q, nheads, batch,
+        int(_device_properties(cupy, device_id)["multiProcessorCount"]), seqlen_k, split_tail))
+
+
+# The split tail's buffers (fa2_forward_sm90.cu), per GPU and stream: the parts in float32,
+# and the counts at zero, which each launch leaves at zero again. Launches on one stream run
+# one after the other and can share them; another stream has its own. Grown where a launch
+# needs more, and the smaller ones kept (a launch still queued may use them).
+_tail_kept: dict = {}
+_tail_retired: list = []
+
+
+def _tail_buffers(cupy, device_id: int, stream: int, cfg, grid: int) -> dict:
+    """The tail_parts and tail_flags fields of a split-tail launch of `grid` blocks on the
+    stream whose handle is given (the device current)."""
+    n_parts, n_flags = _registry.sm90_tail_buffers(cfg, grid)
+    key = (device_id, stream)
+    kept = _tail_kept.get(key)
+    if kept is None or kept[0].size < n_parts or kept[1].size < n_flags:
+        if kept is not None:
+            _tail_retired.append(kept)
+            n_parts, n_flags = max(n_parts, kept[0].size), max(n_flags, kept[1].size)
+        # (allocated and zeroed on that stream, which may not be CuPy's current one: a JAX
+        # callback's)
+        with contextlib.ExitStack() as on_stream:
+            if stream != cupy.cuda.get_current_stream().ptr:
+                on_stream.enter_context(cupy.cuda.ExternalStream(stream))
+            kept = _tail_kept[key] = (cupy.empty(n_parts, dtype=np.float32),
+                                      cupy.zeros(n_flags, dtype=np.int32))
+    return {"tail_parts": kept[0].data.ptr, "tail_flags": kept[1].data.ptr}
 
 
 _portable_only = False

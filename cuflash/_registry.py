@@ -96,18 +96,42 @@ def sm90_forward_plan(dtype_name: str, d: int, causal: bool, config=None,
 
 
 def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, nheads: int, batch: int,
-                      sms: int) -> tuple:
-    """(grid, per_unit) of the Hopper forward: a persistent grid, at most one thread
-    block per SM, over units of work (fa2_forward_sm90.cu, "the tiles"). A unit is one tile
-    (B_r query rows x head x batch entry), or, with the causal mask and more tiles than SMs,
-    two: row blocks T_r - 1 - r and r, of equal total length for every r, so that a static
-    split balances (one tile each left the blocks' shares 1.8x apart at d 256 n 16k). The
-    kernel walks the units (head, batch) pair by pair, a pair's row blocks one after the
-    other, so that the blocks running at once read the same few K and V."""
+                      sms: int, seqlen_k: int = 0, split_tail: bool = False) -> tuple:
+    """(grid, per_unit, tail_tiles) of the Hopper forward: a persistent grid, at most one
+    thread block per SM, over units of work (fa2_forward_sm90.cu, "the tiles"). A unit is one
+    tile (B_r query rows x head x batch entry), or, with the causal mask and more tiles than
+    SMs, two: row blocks T_r - 1 - r and r, of equal total length for every r, so that a
+    static split balances (one tile each left the blocks' shares 1.8x apart at d 256 n 16k).
+    The kernel walks the units (head, batch) pair by pair, a pair's row blocks one after the
+    other, so that the blocks running at once read the same few K and V.
+    tail_tiles: where the kernel splits its tail (split_tail: a dense call without a causal
+    mask, a window or the score hook) and T tiles do not fill whole rounds of the G blocks,
+    the last G + T % G tiles, whose column blocks the blocks share evenly ("the split tail":
+    no block idles through the last round); 0 where not (at least SPLIT_TAIL_MIN_BLOCKS
+    column blocks a tile)."""
     T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
     per_unit = 2 if causal and T_r > 1 and T_r * nheads * batch > sms else 1
     units = -(-T_r // per_unit) * nheads * batch
-    return (max(1, min(units, sms)), 1, 1), per_unit
+    grid = max(1, min(units, sms))
+    T_c = -(-seqlen_k // cfg.B_c)
+    tail = 0
+    if split_tail and per_unit == 1 and units > grid and units % grid and \
+            T_c >= SPLIT_TAIL_MIN_BLOCKS and (grid + units % grid) * T_c < 2 ** 31:
+        tail = grid + units % grid
+    return (grid, 1, 1), per_unit, tail
+
+
+# The fewest column blocks a tile has where the Hopper forward splits its tail (see
+# sm90_forward_grid): each split adds a tile's start and a merge at the end of the kernel
+# (a part's O in float32, stored and read back), which short tiles do not earn back.
+SPLIT_TAIL_MIN_BLOCKS = 16
+
+
+def sm90_tail_buffers(cfg, grid: int) -> tuple:
+    """(float32 count, int32 count) of the split tail's buffers for a launch of `grid`
+    blocks: two parts (B_r rows of O and of L each) and a count per warp for each of the
+    grid + 1 boundaries between the blocks' shares (fa2_forward_sm90.cu, the split tail)."""
+    return 2 * (grid + 1) * cfg.B_r * (cfg.HD + 1), (grid + 1) * 4 * cfg.consumers
 
 
 def sm90_packed_grid(cfg, total_q: int, nheads: int, batch: int, sms: int) -> tuple:

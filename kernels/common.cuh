@@ -561,6 +561,17 @@ __device__ __forceinline__ void store_accumulator_row(const float (&acc)[NT][4],
     }
 }
 
+// The same row in float32 (the Hopper forward's split tail: a part's O_i, HD columns, all
+// stored): each lane its own column pairs, 8-byte stores, L2 only (the merge reads them there).
+template <int NT>
+__device__ __forceinline__ void store_accumulator_row_f32(const float (&acc)[NT][4], int e2,
+                                                          float* row, int lane) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+        __stcg(reinterpret_cast<float2*>(row + nt * 8 + (lane % 4) * 2),
+               make_float2(acc[nt][e2 * 2], acc[nt][e2 * 2 + 1]));
+}
+
 // The A fragment of k-step kk of a product P V whose P sits in accumulators (the mma.sync
 // m16n8 layout, which the wgmma accumulator shares): the accumulators of n8 tiles 2 kk and
 // 2 kk + 1, packed to 16-bit pairs.

@@ -164,6 +164,25 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     struct Tile_ {
         int row_block, head, batch;
     };
+    // The split tail's part of the tile (below): column blocks [kb, ke), and where the tile
+    // is split between two thread blocks, 2 x the boundary + which part (0, 1), else -1.
+    struct TailPart {
+        int kb, ke, part;
+    };
+    TailPart tail{0, 1 << 30, -1};  // (SPLIT_TAIL only; next_tile sets it with tl)
+    // The split tail (SPLIT_TAIL: dense batches without a causal mask or a window, where every
+    // tile has the same T_c column blocks, and without the score hook). T tiles on G thread blocks take ceil(T / G) rounds
+    // of tiles, so that where T is not a multiple of G, G - T % G blocks idle through the last
+    // one (at d 128, 16k tokens and 16 heads: 2048 tiles on 132 SMs, 15.5 tiles of work in 16
+    // rounds, 3% of the time). So the last p.tail_tiles tiles (at least G and fewer than 2 G,
+    // leaving a multiple of G before them) are cut by column blocks instead: their
+    // tail_tiles x T_c column blocks, in tile order, go to the G blocks in G even, contiguous
+    // shares of at least T_c each (the "stream-K" split of GEMM libraries). A share's first
+    // and last tiles may be parts, each split tile cut in two at the boundary between two
+    // shares; the parts' O~_i, m_i and l_i are merged by whichever finishes last (epilogue).
+    // (Not with the score hook: the d 128 hooked tile of 128 x 176 spilled 16 bytes with it.)
+    constexpr bool SPLIT_TAIL =
+        !SeqT::PACKED && !MaskT::CAUSAL && !MaskT::LOCAL && !ScoreT::REWRITES;
     // Packed batches (variable length) take their tiles in turn instead: the entries' row
     // blocks differ in number and length, and a static split left the blocks' shares 1.1-1.3x
     // apart on a realistic mix of lengths. A scheduler thread (thread 64, in the producer
@@ -198,12 +217,44 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         tl = Tile_{got.x, got.y, got.z};
         return got.x >= 0;
     };
+    // The split tail's geometry: T_c column blocks a tile; share b's first step (of
+    // tail_tiles T_c steps over G shares, steps / G each, the first steps % G one more; the
+    // host keeps tail_tiles T_c below 2^31); tile t of the tail.
+    auto tail_T_c = [&]() { return (p.seqlen_k + B_c - 1) / B_c; };
+    auto tail_share = [&](int b) {
+        const int steps = p.tail_tiles * tail_T_c(), G = gridDim.x;
+        return b * (steps / G) + min(b, steps % G);
+    };
+    auto tail_tile = [&](int t) {
+        const int u = units - p.tail_tiles + t, x = u / unit_rows;
+        return Tile_{u % unit_rows, x % p.nheads, x / p.nheads};
+    };
     // This block's tile number c onwards: the next tile into tl and c past it; false at the
     // end. (The producer threads and the consumers walk the same sequence.)
     auto next_tile = [&](int& c, Tile_& tl) {
         if constexpr (SeqT::PACKED) {
             return next_packed_tile(c, tl);
         } else {
+            if constexpr (SPLIT_TAIL) {
+                tail = TailPart{0, 1 << 30, -1};
+                if (p.tail_tiles > 0 && c >= (units - p.tail_tiles) / (int)gridDim.x) {
+                    const int b = blockIdx.x, T_c = tail_T_c();
+                    const int lo = tail_share(b), hi = tail_share(b + 1);  // steps [lo, hi)
+                    // the tail's tile t: the block's (c - rounds)-th of its share
+                    const int t = lo / T_c + c - (units - p.tail_tiles) / (int)gridDim.x;
+                    const int first = max(lo, t * T_c), last = min(hi, (t + 1) * T_c);
+                    if (first >= last) return false;
+                    // split: this part starts inside the tile (the second part of the tile
+                    // split at this block's boundary b) or ends inside it (the first part of
+                    // the one split at b + 1)
+                    const bool starts_in = first > t * T_c, ends_in = last < (t + 1) * T_c;
+                    tl = tail_tile(t);
+                    tail = TailPart{first - t * T_c, last - t * T_c,
+                                    starts_in ? 2 * b + 1 : ends_in ? 2 * (b + 1) : -1};
+                    ++c;
+                    return true;
+                }
+            }
             for (;; ++c) {
                 const int u = blockIdx.x + c / per * gridDim.x, half = c % per;
                 if (u >= units) return false;
@@ -216,6 +267,54 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                 tl = Tile_{r, x % p.nheads, x / p.nheads};
                 ++c;
                 return true;
+            }
+        }
+    };
+
+    // The column blocks a tile visits (block_range.cuh), or its part's in the split tail.
+    auto tile_blocks = [&](const MaskT& mask, const Tile_& tl) {  // (tail: next_tile's)
+        ColumnBlocks cb = column_blocks<B_r, B_c>(mask, tl.row_block);
+        if constexpr (SPLIT_TAIL) {
+            cb.begin = max(cb.begin, tail.kb);
+            cb.end = min(cb.end, tail.ke);
+        }
+        return cb;
+    };
+
+    // The split tail's parts in p.tail_parts: part 2 b + 0 and 2 b + 1 of the tile split at
+    // boundary b (the first and the second share's), each B_r rows of O (HD float32 each) and
+    // B_r of L.
+    auto tail_part_o = [&](int part) { return p.tail_parts + size_t(part) * B_r * (HD + 1); };
+    auto tail_part_lse = [&](int part) { return tail_part_o(part) + B_r * HD; };
+    // Rows first .. first + 15 of the tile (row r of the tile is query row row0 + r) from
+    // parts `pair` and `pair` + 1 into O (`o_rows`: row 0 of this head) and L (`lse`), four
+    // columns a lane at a time. The loads are unconditional (a part holds every row and
+    // column), four iterations in flight at a time (eight spilled the d 128 tile of 128 x
+    // 176): one at a time, the merge's L2 latency at the end of the kernel cost d 128 n 512
+    // 13% (session 20).
+    auto merge_tail_rows = [&](int pair, int first, int row0, int seqlen_q, elem_t* o_rows,
+                               float* lse, int lane) {
+        const float *o1 = tail_part_o(pair), *o2 = tail_part_o(pair + 1);
+        const float *l1 = tail_part_lse(pair), *l2 = tail_part_lse(pair + 1);
+        constexpr int VECS = HD / 4;  // float4 per row
+#pragma unroll 4
+        for (int k = 0; k < 16 * VECS / 32; ++k) {
+            const int i = k * 32 + lane;
+            const int r = first + i / VECS, col = (i % VECS) * 4, row = row0 + r;
+            const float a = __ldcg(l1 + r), b = __ldcg(l2 + r);
+            const float4 x = __ldcg(reinterpret_cast<const float4*>(o1 + r * HD + col));
+            const float4 y = __ldcg(reinterpret_cast<const float4*>(o2 + r * HD + col));
+            const float big = fmaxf(a, b);
+            // (both -inf: a row with no key, O = 0, L = -inf)
+            const float base = big == CUFLASH_NEG_INF ? 0.f : big;
+            const float wa = __expf(a - base), wb = __expf(b - base), sum = wa + wb;
+            const float inv = sum == 0.f ? 0.f : 1.f / sum;
+            const float fa = wa * inv, fb = wb * inv;
+            if (row < seqlen_q && col < p.d) {
+                *reinterpret_cast<uint2*>(o_rows + row * p.o_stride_s + col) =
+                    make_uint2(T::pack(fa * x.x + fb * y.x, fa * x.y + fb * y.y),
+                               T::pack(fa * x.z + fb * y.z, fa * x.w + fb * y.w));
+                if (col == 0) lse[row] = sum == 0.f ? CUFLASH_NEG_INF : base + __logf(sum);
             }
         }
     };
@@ -257,7 +356,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         for (int count = 0; next_tile(c, tl); ++count) {
             const SeqInfo seq = SeqT::info(p, tl.batch);
             const MaskT mask(p, seq.seqlen_q, seq.seqlen_k);
-            const ColumnBlocks cb = column_blocks<B_r, B_c>(mask, tl.row_block);
+            const ColumnBlocks cb = tile_blocks(mask, tl);
             const int head_k = tl.head / p.group;
             if (is_k) {  // Q_i: GROUPS boxes of (64 columns x B_r rows), once the last is read
                 mbar_wait(q_free, (count & 1) ^ 1);
@@ -341,7 +440,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         const MaskT mask(p, seqlen_q, seq.seqlen_k);
         const Score score(p, tl.batch, head);  // (this tile's head)
         const int row0 = tl.row_block * B_r;
-        const ColumnBlocks cb = column_blocks<B_r, B_c>(mask, tl.row_block);
+        const ColumnBlocks cb = tile_blocks(mask, tl);
         const int n = cb.end - cb.begin;  // column blocks visited
         const int row_lane = row0 + 64 * wg + 16 * warp + lane / 4;  // + 8 e2: this lane's rows
 
@@ -485,11 +584,22 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         // O in 16-byte stores (common.cuh, store_accumulator_row: 4-byte stores of column pairs
         // took ~3900 cycles a tile). O starts on a 16-byte boundary with strides that are
         // multiples of 8 elements (cuflash/_api.py checks a given out; a new one is contiguous).
+        // A part of a tile of the split tail ("the tiles") stores its O_i and L_i in float32
+        // to its slot of p.tail_parts instead (tail_part_o, tail_part_lse), for the merge
+        // after the tiles.
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
             const float l_row = softmax.row_sum(0, e2, lane);
             softmax.normalise(o, 0, e2, l_row);
             const int row = row_lane + 8 * e2;
+            if (SPLIT_TAIL && tail.part >= 0) {
+                if (lane % 4 == 0)
+                    tail_part_lse(tail.part)[row - row0] =
+                        softmax.lse(0, e2, l_row, score.lse_scale);
+                store_accumulator_row_f32(o[0], e2, tail_part_o(tail.part) + (row - row0) * HD,
+                                          lane);
+                continue;
+            }
             if (lane % 4 == 0 && row < seqlen_q)
                 p.lse[seq.row_vector(head, nheads) + row] =
                     softmax.lse(0, e2, l_row, score.lse_scale);
@@ -499,6 +609,36 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         }
     }
     if (Tile::HANDOVER && wg == 0) named_barrier_sync(1, 256);  // (the last hand-over)
+
+    // ---- the split tail: each split tile's two parts merged -----------------------------
+    // After its tiles (in the tile loop this code spilled the d 128 tile of 128 x 176), each
+    // warp counts itself in at p.tail_flags for each tile split at this block's boundaries,
+    // b (whose second part was its first tile) and b + 1 (whose first part was its last).
+    // The second of a split tile's two warps to count in merges their 16 rows (the first is
+    // done) and sets the count back to 0 for the next launch. No warp waits on another.
+    //     L_i = log(e^L'_i + e^L''_i),  O_i = e^(L'_i - L_i) O'_i + e^(L''_i - L_i) O''_i
+    if constexpr (SPLIT_TAIL) {
+        if (p.tail_tiles > 0) {
+            __threadfence();  // (this warp's stores of its parts, before its counts)
+            __syncwarp();
+            for (int b = blockIdx.x; b <= (int)blockIdx.x + 1; ++b) {
+                const int step = tail_share(b), T_c = tail_T_c();
+                if (step % T_c == 0) continue;  // (a boundary between whole tiles)
+                int* count = p.tail_flags + b * (4 * Tile::CONSUMERS) + wg * 4 + warp;
+                int before = 0;
+                if (lane == 0) before = atomicAdd(count, 1);
+                if (__shfl_sync(0xffffffffu, before, 0) == 0) continue;  // the other merges
+                __threadfence();  // (the other part's stores, before its count)
+                if (lane == 0) *count = 0;
+                const Tile_ tt = tail_tile(step / T_c);
+                const SeqInfo seq = SeqT::info(p, tt.batch);
+                merge_tail_rows(2 * b, 64 * wg + 16 * warp, tt.row_block * B_r, seq.seqlen_q,
+                                p.o + seq.q_offset(p.o_stride_b, p.o_stride_s) +
+                                    tt.head * p.o_stride_h,
+                                p.lse + seq.row_vector(tt.head, p.nheads), lane);
+            }
+        }
+    }
 }
 
 }  // namespace cuflash

@@ -256,6 +256,9 @@ struct Sm90FwdParams {
     int batch;                      // batch entries (the persistent grid's tiles)
     int per_unit;                   // tiles per unit of work: 1, or 2 (causal rows T_r-1-r and r)
     int* tile_counter;              // packed: the tile scheduler's counter, int32, zero at launch
+    int tail_tiles;                 // the split tail's tiles, the last ones (0: none)
+    float* tail_parts;              // split tail: the split tiles' parts, float32, per boundary
+    int* tail_flags;                // split tail: per boundary and warp, parts in, int32, zero between launches
 };
 static_assert(sizeof(Sm90FwdParams) == 704, "Sm90FwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
@@ -303,6 +306,9 @@ static_assert(__builtin_offsetof(Sm90FwdParams, nheads) == 628, "Sm90FwdParams.n
 static_assert(__builtin_offsetof(Sm90FwdParams, batch) == 632, "Sm90FwdParams.batch");
 static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 636, "Sm90FwdParams.per_unit");
 static_assert(__builtin_offsetof(Sm90FwdParams, tile_counter) == 640, "Sm90FwdParams.tile_counter");
+static_assert(__builtin_offsetof(Sm90FwdParams, tail_tiles) == 648, "Sm90FwdParams.tail_tiles");
+static_assert(__builtin_offsetof(Sm90FwdParams, tail_parts) == 656, "Sm90FwdParams.tail_parts");
+static_assert(__builtin_offsetof(Sm90FwdParams, tail_flags) == 664, "Sm90FwdParams.tail_flags");
 #endif
 
 // Hopper backward kernels (fa2_backward_sm90.cu).

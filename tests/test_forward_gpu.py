@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gpu_helpers import SHIFTED_CASES, assert_accurate, assert_lse, poisoned, rand
 
-from cuflash import _api, _loader, _plan, reference
+from cuflash import _api, _loader, _plan, _registry, reference
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="CuPy not installed")
@@ -164,6 +164,38 @@ def test_long_key_sequences(dt, causal, d, family):
     slopes = cp.asarray(np.random.default_rng(d).uniform(0.01, 0.3, 4).astype(np.float32))
     for softcap in (0.0, 5.0):
         run_and_check(q, k, v, causal, softcap=softcap, alibi_slopes=slopes)
+
+
+@pytest.fixture
+def split_every_tail(monkeypatch):
+    """The split tail wherever it applies, whatever a tile's column blocks (the planner's
+    threshold, _registry.SPLIT_TAIL_MIN_BLOCKS, set to its least), the grids recomputed."""
+    monkeypatch.setattr(_registry, "SPLIT_TAIL_MIN_BLOCKS", 2)
+    for cache in ("_sm90_grids", "_repeats"):
+        monkeypatch.setattr(_api, cache, {})
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("d, sq, sk, hk", [(128, 1100, 1000, 1), (128, 259, 3001, 4),
+                                           (64, 1000, 3001, 2), (96, 517, 333, 2),
+                                           (256, 700, 1801, 1)])
+def test_split_tail(dt, d, sq, sk, hk, family, split_every_tail):
+    """More tiles than SMs, not in whole rounds, no mask: the Hopper forward splits its last
+    tiles by column blocks between the blocks and merges the parts (fa2_forward_sm90.cu, the
+    split tail). Odd lengths (rows past seqlen_q in the split tiles), a head dim below its
+    bucket, GQA; a second call (the parts' counts back at zero) gives the same bits."""
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    cfg = _plan.sm90_forward_config(d, False, sk)
+    T_r = -(-sq // cfg.B_r)
+    h = hk * (-(-sms // (T_r * hk)) + 1)  # query heads, a multiple of hk
+    while (T_r * h) % sms == 0:
+        h += hk
+    _, _, tail = _registry.sm90_forward_grid(cfg, False, sq, h, 1, sms, sk, True)
+    assert tail > 0  # (what the Hopper family launches with)
+    q, k, v = make_qkv((1, sq, h, d), (1, sk, hk, d), DTYPES[dt], False)
+    out, lse, _ = run_and_check(q, k, v, False)
+    again = cuflash.forward(q, k, v)
+    assert bool((again[0] == out).all()) and bool(cp.array_equal(again[1], lse))
 
 
 WINDOWS = [(0, 0), (5, 0), (64, -1), (127, 3), (-1, 17), (300, 300), (1000, 0)]

@@ -158,7 +158,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(_loader, "get_kernel", lambda f, name, options=(): FakeKernel(name))
     monkeypatch.setattr(_loader, "Launcher", Launcher)
     for cache in ("_forward_launches", "_backward_launches", "_fa1_launches", "_sm90_grids",
-                  "_repeats"):
+                  "_repeats", "_tail_kept"):
         monkeypatch.setattr(_api, cache, {})
     monkeypatch.setattr(_tma, "_cache", {})
     monkeypatch.setattr(_tma, "_encode", _encode_words)  # (the Hopper kernels' tensor maps)
@@ -230,6 +230,109 @@ def test_sm90_forward_packs_tensor_maps_and_fields(fake, monkeypatch, causal, d)
     assert (p["seqlen_q"], p["seqlen_k"], p["d"], p["group"]) == (333, 700, d, 4)
 
 
+
+
+def _tail_walk(tiles, grid, T_c, tail):
+    """What fa2_forward_sm90.cu's walk gives each block (next_tile, the split tail): a list
+    per block of (tile, first block, end block, part) (part -1: whole), in the kernel's
+    arithmetic."""
+    steps = tail * T_c
+
+    def share(b):
+        return b * (steps // grid) + min(b, steps % grid)
+
+    rounds = (tiles - tail) // grid
+    walks = []
+    for b in range(grid):
+        walk = [(b + c * grid, 0, T_c, -1) for c in range(rounds)]
+        lo, hi = share(b), share(b + 1)
+        for c in range(rounds, rounds + tiles):
+            t = lo // T_c + c - rounds
+            first, last = max(lo, t * T_c), min(hi, (t + 1) * T_c)
+            if first >= last:
+                break
+            starts_in, ends_in = first > t * T_c, last < (t + 1) * T_c
+            part = 2 * b + 1 if starts_in else 2 * (b + 1) if ends_in else -1
+            walk.append((tiles - tail + t, first - t * T_c, last - t * T_c, part))
+        walks.append(walk)
+    return walks
+
+
+@pytest.mark.parametrize("tiles, sms, T_c", [(2048, 132, 12), (2048, 132, 94), (208, 132, 2),
+                                            (272, 132, 5), (1008, 114, 3), (2816, 132, 16)])
+def test_split_tail_covers_every_block_once(monkeypatch, tiles, sms, T_c):
+    """The split tail (fa2_forward_sm90.cu): the blocks' walks cover every column block of
+    every tile exactly once; the tail's shares differ by at most one column block; a split
+    tile has exactly two parts, at one boundary (slots 2 b, 2 b + 1), which the merges after
+    the tiles find from the share's first step alone; every block's time is at most the even
+    share rounded up to a column block."""
+    monkeypatch.setattr(_registry, "SPLIT_TAIL_MIN_BLOCKS", 2)  # (every tile length)
+    cfg = _plan.sm90_forward_config(128, False)
+    T_r = tiles // 16
+    grid, per_unit, tail = _registry.sm90_forward_grid(cfg, False, T_r * cfg.B_r, 16, 1, sms,
+                                                       T_c * cfg.B_c, True)
+    assert per_unit == 1 and grid[0] == sms
+    assert tail == sms + tiles % sms and (tiles - tail) % sms == 0
+    walks = _tail_walk(tiles, sms, T_c, tail)
+    seen = np.zeros((tiles, T_c), int)
+    parts = {}
+    for b, walk in enumerate(walks):
+        for t, kb, ke, part in walk:
+            seen[t, kb:ke] += 1
+            if part >= 0:
+                assert part // 2 in (b, b + 1)
+                parts.setdefault(part // 2, []).append((part % 2, t, kb, ke))
+    assert (seen == 1).all()
+    steps = tail * T_c
+    for boundary, got in parts.items():
+        assert sorted(p for p, *_ in got) == [0, 1] and len({t for _, t, *_ in got}) == 1
+        first = boundary * (steps // sms) + min(boundary, steps % sms)
+        assert first % T_c and tiles - tail + first // T_c == got[0][1]
+    work = [sum(ke - kb for _, kb, ke, _ in walk) for walk in walks]
+    assert max(work) == -(-tiles * T_c // sms)
+    assert max(work) - min(work) <= 1
+
+
+@pytest.mark.parametrize("causal, split, tiles, T_c, tail", [
+    (False, True, 2048, 24, 200),
+    (False, True, 2048, 16, 200),
+    (False, True, 2048, 15, 0),     # below SPLIT_TAIL_MIN_BLOCKS
+    (True, True, 2048, 24, 0),      # causal: the units' pairs balance instead
+    (False, False, 2048, 24, 0),    # a window or the score hook: no split tail
+    (False, True, 2112, 24, 0),     # whole rounds
+    (False, True, 112, 24, 0),      # fewer tiles than blocks
+])
+def test_sm90_forward_grid_splits_the_tail(causal, split, tiles, T_c, tail):
+    cfg = _plan.sm90_forward_config(128, causal)
+    grid, _, got = _registry.sm90_forward_grid(cfg, causal, tiles // 16 * cfg.B_r, 16, 1, 132,
+                                               T_c * cfg.B_c - 5, split)
+    assert got == tail and grid == (min(tiles, 132), 1, 1)
+
+
+@pytest.mark.parametrize("options, split", [({}, True), ({"causal": True}, False),
+                                            ({"softcap": 5.0}, False),
+                                            ({"window_size": (64, 64)}, False)])
+def test_sm90_forward_passes_the_split_tail(fake, options, split):
+    """A dense Hopper forward call without a causal mask, a window or the hook, whose tiles
+    do not fill whole rounds of the grid, launches with the split tail: its tile count and
+    its buffers (per stream, kept: a second call gets the same ones, the counts zeroed once),
+    and its repeat launches them too."""
+    q, k, v = _qkv(2, 128 * 70, 3001, 2, 2, 128, BF16)  # 280 tiles of 128 rows on 132 SMs
+    for _ in range(3):  # (the third: the repeat path)
+        _api.forward(q, k, v, **options)
+    assert len(fake) == 3
+    ps = [p for *_, p in fake]
+    cfg = _plan.sm90_forward_config(128, options.get("causal", False), 3001,
+                                    local="window_size" in options)
+    if not split:
+        assert all(p["tail_tiles"] == 0 and p["tail_parts"] == 0 for p in ps)
+        return
+    assert cfg.B_r == 128 and all(p["tail_tiles"] == 132 + 280 % 132 for p in ps)
+    assert all(p["tail_parts"] == ps[0]["tail_parts"] != 0 for p in ps)
+    assert all(p["tail_flags"] == ps[0]["tail_flags"] != 0 for p in ps)
+    ((parts, flags),) = _api._tail_kept.values()
+    assert (parts.size, flags.size) == _registry.sm90_tail_buffers(cfg, 132)
+    assert flags.dtype == np.int32 and not flags.a.any()  # (zeros: cupy.zeros)
 
 
 @pytest.mark.parametrize("portable", [False, True])
@@ -684,6 +787,10 @@ def test_sm90_hooked_forward_tiles_follow_the_key_length(fake, d, causal, n, exp
     ((1024, 0), 128, False),
     ((128, -1), 128, False),   # the right side unbounded: seqlen_k keys
     ((128, 0), 192, False),    # (no short tile at d 192)
+    ((256, 0), 64, True),      # d 64: its own limit, 640 keys (SM90_WINDOW_SHORT_KEYS)
+    ((400, 112), 64, True),    # 640
+    ((1024, 0), 64, False),    # the plain call's long tile, three consumers at B_c 128
+    ((64, -1), 64, True),      # the right side unbounded: 4000 keys, the non-causal limit
 ])
 def test_sm90_window_takes_the_short_tile_by_its_width(fake, window, d, short):
     """A window on Hopper takes the short-key tile where a row block visits few keys (the
@@ -696,6 +803,8 @@ def test_sm90_window_takes_the_short_tile_by_its_width(fake, window, d, short):
     cfg = _plan.sm90_forward_config(d, upper, 1 if short else None, local=True)
     assert name == _plan.sm90_forward_kernel_name("float16", cfg, upper, True)
     assert (cfg == _plan.sm90_forward_config(d, upper, 1, local=True)) == (short or d == 192)
+    # (a window alone over a dense batch: the plain call's tiles)
+    assert cfg == _plan.sm90_forward_config(d, upper, 1 if short else None)
 
 
 def test_registry_lists_every_variant_source():
