@@ -107,8 +107,8 @@ def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, nheads: int, batch: int,
     tail_tiles: where the kernel splits its tail (split_tail: a dense call without a causal
     mask, a window or the score hook) and T tiles do not fill whole rounds of the G blocks,
     the last G + T % G tiles, whose column blocks the blocks share evenly ("the split tail":
-    no block idles through the last round); 0 where not (at least SPLIT_TAIL_MIN_BLOCKS
-    column blocks a tile)."""
+    no block idles through the last round); 0 where not, and where it measured no faster
+    (SPLIT_TAIL_MIN_BLOCKS, SPLIT_TAIL_MAX_HEAD_DIM)."""
     T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
     per_unit = 2 if causal and T_r > 1 and T_r * nheads * batch > sms else 1
     units = -(-T_r // per_unit) * nheads * batch
@@ -116,15 +116,23 @@ def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, nheads: int, batch: int,
     T_c = -(-seqlen_k // cfg.B_c)
     tail = 0
     if split_tail and per_unit == 1 and units > grid and units % grid and \
-            T_c >= SPLIT_TAIL_MIN_BLOCKS and (grid + units % grid) * T_c < 2 ** 31:
+            T_c >= SPLIT_TAIL_MIN_BLOCKS and cfg.HD <= SPLIT_TAIL_MAX_HEAD_DIM and \
+            (grid + units % grid) * T_c < 2 ** 31:
         tail = grid + units % grid
     return (grid, 1, 1), per_unit, tail
 
 
-# The fewest column blocks a tile has where the Hopper forward splits its tail (see
-# sm90_forward_grid): each split adds a tile's start and a merge at the end of the kernel
-# (a part's O in float32, stored and read back), which short tiles do not earn back.
-SPLIT_TAIL_MIN_BLOCKS = 16
+# Where the Hopper forward splits its tail (sm90_forward_grid): tiles of at least
+# SPLIT_TAIL_MIN_BLOCKS column blocks, head-dim buckets up to SPLIT_TAIL_MAX_HEAD_DIM. Each
+# split adds tile starts and, at the end of the kernel, merges (a part's O in float32, stored
+# and read back), which short tiles and d 256's larger parts did not earn back. Session 20
+# (bench/results/session20/call3/split_tail_paired.log: bf16, the standard grid's non-causal
+# points, split and not in turns in one timing loop), time without over time with: d 128
+# 0.905x at 4 column blocks a tile, 0.95x at 6, 0.98x at 12, 1.00x at 24, 1.015x at 47,
+# 1.023x at 94; d 64 1.006x at 16, 1.015x at 32, 1.00x at 64 and 128; d 256 0.91x at 26,
+# 0.97x at 52, 1.00x at 103, 1.01x at 205.
+SPLIT_TAIL_MIN_BLOCKS = 32
+SPLIT_TAIL_MAX_HEAD_DIM = 128
 
 
 def sm90_tail_buffers(cfg, grid: int) -> tuple:

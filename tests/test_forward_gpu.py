@@ -168,9 +168,10 @@ def test_long_key_sequences(dt, causal, d, family):
 
 @pytest.fixture
 def split_every_tail(monkeypatch):
-    """The split tail wherever it applies, whatever a tile's column blocks (the planner's
-    threshold, _registry.SPLIT_TAIL_MIN_BLOCKS, set to its least), the grids recomputed."""
+    """The split tail wherever it applies, whatever a tile's column blocks and head dim (the
+    planner's limits, _registry.SPLIT_TAIL_*, at their widest), the grids recomputed."""
     monkeypatch.setattr(_registry, "SPLIT_TAIL_MIN_BLOCKS", 2)
+    monkeypatch.setattr(_registry, "SPLIT_TAIL_MAX_HEAD_DIM", 256)
     for cache in ("_sm90_grids", "_repeats"):
         monkeypatch.setattr(_api, cache, {})
 

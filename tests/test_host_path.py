@@ -293,20 +293,22 @@ def test_split_tail_covers_every_block_once(monkeypatch, tiles, sms, T_c):
     assert max(work) - min(work) <= 1
 
 
-@pytest.mark.parametrize("causal, split, tiles, T_c, tail", [
-    (False, True, 2048, 24, 200),
-    (False, True, 2048, 16, 200),
-    (False, True, 2048, 15, 0),     # below SPLIT_TAIL_MIN_BLOCKS
-    (True, True, 2048, 24, 0),      # causal: the units' pairs balance instead
-    (False, False, 2048, 24, 0),    # a window or the score hook: no split tail
-    (False, True, 2112, 24, 0),     # whole rounds
-    (False, True, 112, 24, 0),      # fewer tiles than blocks
+@pytest.mark.parametrize("d, causal, split, tiles, T_c, tail", [
+    (128, False, True, 2048, 47, 200),
+    (128, False, True, 2048, 32, 200),
+    (64, False, True, 2048, 32, 200),
+    (128, False, True, 2048, 31, 0),     # below SPLIT_TAIL_MIN_BLOCKS
+    (256, False, True, 2048, 94, 0),     # above SPLIT_TAIL_MAX_HEAD_DIM
+    (128, True, True, 2048, 47, 0),      # causal: the units' pairs balance instead
+    (128, False, False, 2048, 47, 0),    # a window or the score hook: no split tail
+    (128, False, True, 2112, 47, 0),     # whole rounds
+    (128, False, True, 112, 47, 0),      # fewer tiles than blocks
 ])
-def test_sm90_forward_grid_splits_the_tail(causal, split, tiles, T_c, tail):
-    cfg = _plan.sm90_forward_config(128, causal)
+def test_sm90_forward_grid_splits_the_tail(d, causal, split, tiles, T_c, tail):
+    cfg = _plan.sm90_forward_config(d, causal)
     grid, _, got = _registry.sm90_forward_grid(cfg, causal, tiles // 16 * cfg.B_r, 16, 1, 132,
                                                T_c * cfg.B_c - 5, split)
-    assert got == tail and grid == (min(tiles, 132), 1, 1)
+    assert got == (tail and 132 + tiles % 132) and grid == (min(tiles, 132), 1, 1)
 
 
 @pytest.mark.parametrize("options, split", [({}, True), ({"causal": True}, False),
@@ -317,12 +319,12 @@ def test_sm90_forward_passes_the_split_tail(fake, options, split):
     do not fill whole rounds of the grid, launches with the split tail: its tile count and
     its buffers (per stream, kept: a second call gets the same ones, the counts zeroed once),
     and its repeat launches them too."""
-    q, k, v = _qkv(2, 128 * 70, 3001, 2, 2, 128, BF16)  # 280 tiles of 128 rows on 132 SMs
+    q, k, v = _qkv(2, 128 * 70, 6001, 2, 2, 128, BF16)  # 280 tiles of 128 rows on 132 SMs
     for _ in range(3):  # (the third: the repeat path)
         _api.forward(q, k, v, **options)
     assert len(fake) == 3
     ps = [p for *_, p in fake]
-    cfg = _plan.sm90_forward_config(128, options.get("causal", False), 3001,
+    cfg = _plan.sm90_forward_config(128, options.get("causal", False), 6001,
                                     local="window_size" in options)
     if not split:
         assert all(p["tail_tiles"] == 0 and p["tail_parts"] == 0 for p in ps)
