@@ -7,6 +7,7 @@ import dataclasses
 import math
 import numbers
 import struct
+import threading
 import types
 from functools import lru_cache
 
@@ -853,7 +854,8 @@ def _repeat_key(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, co
                 window_size, softcap, alibi_slopes, packed, diag_shift=0):
     """The signature under which a dense forward call's launch is remembered: q's GPU, the
     layouts and dtypes of q, k, v, out and lse, each option with its type (causal=1 must not
-    pass for True), portable_kernels(); None where the call is not one to remember (a varlen batch,
+    pass for True), portable_kernels(), _allocation_free(); None where the call is not one to
+    remember (a varlen batch,
     ALiBi's per-call array, a tile or verbose output asked for, a ring block's shifted
     diagonal). Not hashed here: the caller's
     lookup hashes it, and takes a key that cannot be hashed (an unhashable option) for None,
@@ -869,7 +871,7 @@ def _repeat_key(q, k, v, causal, softmax_scale, out, lse, algorithm, verbose, co
                softmax_scale, tuple(map(type, window_size)), window_size, type(softcap), softcap,
                None if out is None else (type(out), out.shape, out.strides, out.dtype),
                None if lse is None else (type(lse), lse.shape, lse.strides, lse.dtype),
-               _portable_only)
+               _portable_only, _allocating_nothing())
     except Exception:  # (not arrays: the full path says what is wrong)
         return None
     return key
@@ -1085,7 +1087,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
             cfg, features["total_q"], nheads, batch,
             int(_device_properties(cupy, device_id)["multiProcessorCount"])), 1
     else:
-        split_tail = not (causal or local or hooked)
+        split_tail = not (causal or local or hooked or _allocating_nothing())
         shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail)
         grid, per_unit, tail = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
         if tail:  # (the split tail's buffers: fa2_forward_sm90.cu)
@@ -1131,26 +1133,34 @@ def _sm90_grid(cupy, shape_key: tuple):
         int(_device_properties(cupy, device_id)["multiProcessorCount"]), seqlen_k, split_tail))
 
 
-# The split tail's buffers (fa2_forward_sm90.cu), per GPU and stream: the parts in float32,
-# and the counts at zero, which each launch leaves at zero again. Launches on one stream run
-# one after the other and can share them; another stream has its own. Grown where a launch
-# needs more, and the smaller ones kept (a launch still queued may use them).
+# The split tail's buffers (fa2_forward_sm90.cu), per GPU and stream (and host thread, for
+# the per-thread default stream, whose handle every thread shares): the parts in float32, and
+# the counts at zero, which each launch leaves at zero again. Launches on one stream run one
+# after the other and can share them; another stream has its own. Grown where a launch needs
+# more; at most _TAIL_STREAMS streams' kept, the oldest let go. Letting go is safe with
+# launches still queued: CuPy's pool hands a freed block out again only on the stream it
+# was allocated on, behind them. (A CUDA graph that holds a split-tail launch must not be
+# replayed on two streams at once: its launches share one stream's buffers.)
 _tail_kept: dict = {}
-_tail_retired: list = []
+_TAIL_STREAMS = 16
+_PER_THREAD_STREAM = 2  # cudaStreamPerThread
 
 
 def _tail_buffers(cupy, device_id: int, stream: int, cfg, grid: int) -> dict:
     """The tail_parts and tail_flags fields of a split-tail launch of `grid` blocks on the
     stream whose handle is given (the device current)."""
     n_parts, n_flags = _registry.sm90_tail_buffers(cfg, grid)
-    key = (device_id, stream)
+    key = (device_id, stream,
+           threading.get_ident() if stream == _PER_THREAD_STREAM else None)
     kept = _tail_kept.get(key)
     if kept is None or kept[0].size < n_parts or kept[1].size < n_flags:
         if kept is not None:
-            _tail_retired.append(kept)
             n_parts, n_flags = max(n_parts, kept[0].size), max(n_flags, kept[1].size)
-        # (allocated and zeroed on that stream, which may not be CuPy's current one: a JAX
-        # callback's)
+            del _tail_kept[key]
+        while len(_tail_kept) >= _TAIL_STREAMS:
+            del _tail_kept[next(iter(_tail_kept))]
+        # (allocated and zeroed on that stream, which may not be CuPy's current one: a
+        # repeat's replay on a stream of its caller's)
         with contextlib.ExitStack() as on_stream:
             if stream != cupy.cuda.get_current_stream().ptr:
                 on_stream.enter_context(cupy.cuda.ExternalStream(stream))
@@ -1160,6 +1170,26 @@ def _tail_buffers(cupy, device_id: int, stream: int, cfg, grid: int) -> dict:
 
 
 _portable_only = False
+
+# Per host thread: whether calls are to allocate nothing of cuflash's own (cuflash.jax's
+# callbacks, where XLA may be capturing the launches into a CUDA graph): the Hopper
+# forward's split tail, whose buffers are allocated on a stream's first use, stays off.
+_thread_state = threading.local()
+
+
+def _allocating_nothing() -> bool:
+    return getattr(_thread_state, "allocating_nothing", False)
+
+
+@contextlib.contextmanager
+def _allocation_free():
+    """A context in which this thread's calls allocate nothing of cuflash's own (above)."""
+    before = _allocating_nothing()
+    _thread_state.allocating_nothing = True
+    try:
+        yield
+    finally:
+        _thread_state.allocating_nothing = before
 
 
 @contextlib.contextmanager

@@ -115,9 +115,10 @@ def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, nheads: int, batch: int,
     grid = max(1, min(units, sms))
     T_c = -(-seqlen_k // cfg.B_c)
     tail = 0
+    # (the kernel's step arithmetic, 32-bit, reaches (tail + 1) T_c)
     if split_tail and per_unit == 1 and units > grid and units % grid and \
             T_c >= SPLIT_TAIL_MIN_BLOCKS and cfg.HD <= SPLIT_TAIL_MAX_HEAD_DIM and \
-            (grid + units % grid) * T_c < 2 ** 31:
+            (grid + units % grid + 1) * T_c < 2 ** 31:
         tail = grid + units % grid
     return (grid, 1, 1), per_unit, tail
 
@@ -129,8 +130,8 @@ def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, nheads: int, batch: int,
 # (bench/results/session20/call3/split_tail_paired.log: bf16, the standard grid's non-causal
 # points, split and not in turns in one timing loop), time without over time with: d 128
 # 0.905x at 4 column blocks a tile, 0.95x at 6, 0.98x at 12, 1.00x at 24, 1.015x at 47,
-# 1.023x at 94; d 64 1.006x at 16, 1.015x at 32, 1.00x at 64 and 128; d 256 0.91x at 26,
-# 0.97x at 52, 1.00x at 103, 1.01x at 205.
+# 1.023x at 94; d 64 0.97x at 4, 0.98x at 8, 1.006x at 16, 1.017x at 32, 1.00x at 64 and
+# 128; d 256 0.77x at 8, 0.84x at 13, 0.91x at 26, 0.97x at 52, 1.00x at 103, 1.01x at 205.
 SPLIT_TAIL_MIN_BLOCKS = 32
 SPLIT_TAIL_MAX_HEAD_DIM = 128
 

@@ -506,7 +506,7 @@ def _on_xla_stream(body):
 
         def view(buf, dtype=opts.dtype, tail=4):
             return _view(cupy, buf, dtype, tail, device)
-        with _api._on_device(cupy, device), stream:
+        with _api._on_device(cupy, device), stream, _api._allocation_free():
             body(opts, view, outputs, *inputs, **kwargs)
     return callback
 

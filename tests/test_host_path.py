@@ -335,6 +335,40 @@ def test_sm90_forward_passes_the_split_tail(fake, options, split):
     ((parts, flags),) = _api._tail_kept.values()
     assert (parts.size, flags.size) == _registry.sm90_tail_buffers(cfg, 132)
     assert flags.dtype == np.int32 and not flags.a.any()  # (zeros: cupy.zeros)
+    # Allocating nothing (cuflash.jax's callbacks): no split tail, its own repeat
+    with _api._allocation_free():
+        for _ in range(3):
+            _api.forward(q, k, v, **options)
+    assert all(p["tail_tiles"] == 0 and p["tail_parts"] == 0 for *_, p in fake[3:])
+    assert len(fake) == 6 and len(_api._tail_kept) == 1
+    _api.forward(q, k, v, **options)  # (and outside again: the split tail's repeat)
+    assert fake[-1][-1]["tail_tiles"] == 132 + 280 % 132
+
+
+def test_split_tail_buffers_per_stream(fake, monkeypatch):
+    """The split tail's buffers are kept per GPU and stream, per host thread on the
+    per-thread default stream (whose handle threads share), at most _TAIL_STREAMS of them;
+    a launch that needs more than a stream's buffers gets larger ones."""
+    import threading
+    cp = _api._cupy()
+    monkeypatch.setattr(cp.cuda, "ExternalStream", lambda ptr: contextlib.nullcontext(),
+                        raising=False)
+    cfg = _plan.sm90_forward_config(128, False)
+    a = _api._tail_buffers(cp, 0, 7, cfg, 132)
+    assert _api._tail_buffers(cp, 0, 7, cfg, 132) == a
+    assert _api._tail_buffers(cp, 0, 8, cfg, 132) != a  # another stream
+    assert _api._tail_buffers(cp, 1, 7, cfg, 132) != a  # another GPU
+    mine = _api._tail_buffers(cp, 0, 2, cfg, 132)
+    theirs = []
+    t = threading.Thread(target=lambda: theirs.append(_api._tail_buffers(cp, 0, 2, cfg, 132)))
+    t.start()
+    t.join()
+    assert theirs[0] != mine and _api._tail_buffers(cp, 0, 2, cfg, 132) == mine
+    bigger = _api._tail_buffers(cp, 0, 7, cfg, 264)
+    assert bigger != a and _api._tail_buffers(cp, 0, 7, cfg, 132) == bigger
+    for stream in range(100, 100 + 2 * _api._TAIL_STREAMS):
+        _api._tail_buffers(cp, 0, stream, cfg, 132)
+    assert len(_api._tail_kept) == _api._TAIL_STREAMS
 
 
 @pytest.mark.parametrize("portable", [False, True])
