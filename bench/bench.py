@@ -91,6 +91,14 @@ def median_ms(cp, fn, warmup, reps):
     flushes and calls, so that a GPU that sat idle (its SM clock falls to 345 MHz on the H200)
     is back at its clock before the first timed call; a few calls of a 30 us kernel alone do
     not get it there."""
+    return paired_median_ms(cp, {None: fn}, warmup, reps)[None]
+
+
+def paired_median_ms(cp, fns: dict, warmup, reps) -> dict:
+    """{label: kernel time in ms} of each fn of `fns`, as median_ms times one, with the
+    calls of the fns taken in turns (A, B, A, B, ...; the warm-up too): for A/B comparisons,
+    where the GPU's clock drifting between separate timings moved one variant's median by up
+    to 5% (session 20), more than the effect measured."""
     device = cp.cuda.Device().id
     if device not in _flush_buffers:  # (one per GPU, made once: not 256 MiB per call)
         _flush_buffers[device] = cp.empty(_L2_FLUSH_BYTES, dtype=cp.uint8)
@@ -99,30 +107,35 @@ def median_ms(cp, fn, warmup, reps):
     t0, calls = time.perf_counter(), 0
     issued = []  # host time to issue each flush and call (the median: not a first compile)
     while calls < warmup or (time.perf_counter() - t0) * 1e3 < _WARM_MS:
-        t1 = time.perf_counter()
-        flush.fill(0)
-        fn()
-        issued.append((time.perf_counter() - t1) * 1e3)
+        for fn in fns.values():
+            t1 = time.perf_counter()
+            flush.fill(0)
+            fn()
+            issued.append((time.perf_counter() - t1) * 1e3)
         calls += 1
         if calls % 4 == 0:  # (wall time follows the GPU's, not the host's queueing)
             stream.synchronize()
     stream.synchronize()
-    events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
-    hold_ms = 1.0 + 2.0 * reps * float(np.median(issued))
+    events = {k: [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)] for k in fns}
+    first = events[next(iter(fns))][0][0]
+    hold_ms = 1.0 + 2.0 * reps * len(fns) * float(np.median(issued))
     for _ in range(3):  # (a longer hold where the host took longer than the hold to queue)
         _spin(cp, hold_ms)
         t1 = time.perf_counter()
-        for start, end in events:
-            flush.fill(0)
-            start.record()
-            fn()
-            end.record()
-        if not events[0][0].done:
+        for r in range(reps):
+            for k, fn in fns.items():
+                start, end = events[k][r]
+                flush.fill(0)
+                start.record()
+                fn()
+                end.record()
+        if not first.done:
             break  # (the first call had not started when the last was queued)
-        events[-1][1].synchronize()
+        stream.synchronize()
         hold_ms = 4 * max(hold_ms, (time.perf_counter() - t1) * 1e3)
-    events[-1][1].synchronize()
-    return float(np.median([cp.cuda.get_elapsed_time(s, e) for s, e in events]))
+    stream.synchronize()
+    return {k: float(np.median([cp.cuda.get_elapsed_time(s, e) for s, e in ev]))
+            for k, ev in events.items()}
 
 
 def host_us(cp, fn, reps):

@@ -918,7 +918,8 @@ class _Repeat:
 
     def __init__(self, launch, device_id, q, k, v, out, lse):
         self.kernel, grid, threads, smem, self.params, self.template, self.tma, tail = launch
-        # (a split tail's buffers are the launching stream's: written in at each launch)
+        # (a split tail's buffers, of these sizes, are the launching stream's: written in at
+        # each launch)
         self.tail = None if tail is None else \
             (tail, _member_offsets(self.params, ("tail_parts", "tail_flags")))
         self.device_id, self.out_shape, self.dtype, self.lse_shape = \
@@ -985,8 +986,8 @@ class _Repeat:
         (the launch's device current)."""
         if self.tail is not None:
             cupy = _cupy()
-            (cfg, grid), offsets = self.tail
-            buffers = _tail_buffers(cupy, self.device_id, stream, cfg, grid)
+            sizes, offsets = self.tail
+            buffers = _tail_buffers(cupy, self.device_id, stream, sizes)
             filled = _with_addresses(filled, offsets,
                                      (buffers["tail_parts"], buffers["tail_flags"]))
         _launch_struct(self.params, filled, self.launches, stream)
@@ -1092,7 +1093,8 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
         grid, per_unit, tail = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
         if tail:  # (the split tail's buffers: fa2_forward_sm90.cu)
             features = dict(features, tail_tiles=tail, **_tail_buffers(
-                cupy, device_id, cupy.cuda.get_current_stream().ptr, cfg, grid[0]))
+                cupy, device_id, cupy.cuda.get_current_stream().ptr,
+                _registry.sm90_tail_buffers(cfg, grid[0])))
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + {cfg.consumers} consumer "
               f"warpgroups): "
@@ -1116,7 +1118,8 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
         if record is not None:
             record.append((kernel, grid, cfg.threads, cfg.smem_bytes, params, bytes(params.buf),
                            (qkv_strides, dtype_name, cfg.B_r, cfg.B_c),
-                           (cfg, grid[0]) if features.get("tail_tiles") else None))
+                           _registry.sm90_tail_buffers(cfg, grid[0])
+                           if features.get("tail_tiles") else None))
     return True
 
 
@@ -1146,10 +1149,10 @@ _TAIL_STREAMS = 16
 _PER_THREAD_STREAM = 2  # cudaStreamPerThread
 
 
-def _tail_buffers(cupy, device_id: int, stream: int, cfg, grid: int) -> dict:
-    """The tail_parts and tail_flags fields of a split-tail launch of `grid` blocks on the
-    stream whose handle is given (the device current)."""
-    n_parts, n_flags = _registry.sm90_tail_buffers(cfg, grid)
+def _tail_buffers(cupy, device_id: int, stream: int, sizes: tuple) -> dict:
+    """The tail_parts and tail_flags fields of a split-tail launch on the stream whose
+    handle is given (the device current); sizes: _registry.sm90_tail_buffers's."""
+    n_parts, n_flags = sizes
     key = (device_id, stream,
            threading.get_ident() if stream == _PER_THREAD_STREAM else None)
     kept = _tail_kept.get(key)

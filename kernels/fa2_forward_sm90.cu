@@ -171,15 +171,16 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     };
     TailPart tail{0, 1 << 30, -1};  // (SPLIT_TAIL only; next_tile sets it with tl)
     // The split tail (SPLIT_TAIL: dense batches without a causal mask or a window, where every
-    // tile has the same T_c column blocks, and without the score hook). T tiles on G thread blocks take ceil(T / G) rounds
-    // of tiles, so that where T is not a multiple of G, G - T % G blocks idle through the last
-    // one (at d 128, 16k tokens and 16 heads: 2048 tiles on 132 SMs, 15.5 tiles of work in 16
-    // rounds, 3% of the time). So the last p.tail_tiles tiles (at least G and fewer than 2 G,
-    // leaving a multiple of G before them) are cut by column blocks instead: their
-    // tail_tiles x T_c column blocks, in tile order, go to the G blocks in G even, contiguous
-    // shares of at least T_c each (the "stream-K" split of GEMM libraries). A share's first
-    // and last tiles may be parts, each split tile cut in two at the boundary between two
-    // shares; the parts' O~_i, m_i and l_i are merged by whichever finishes last (epilogue).
+    // tile has the same T_c column blocks, and without the score hook). T tiles on G thread
+    // blocks take ceil(T / G) rounds of tiles, so that where T is not a multiple of G, G - T % G
+    // blocks idle through the last one (at d 128, 16k tokens and 16 heads: 2048 tiles on 132
+    // SMs, 15.5 tiles of work in 16 rounds, 3% of the time). So the last p.tail_tiles tiles
+    // (at least G and fewer than 2 G, leaving a multiple of G before them) are cut by column
+    // blocks instead: their tail_tiles x T_c column blocks, in tile order, go to the G blocks
+    // in G even, contiguous shares of at least T_c each (the "stream-K" split of GEMM
+    // libraries). A share's first and last tiles may be parts, each split tile cut in two at
+    // the boundary between two shares; the parts' O_i and L_i are merged through L_i by
+    // whichever finishes last (after the tiles, below).
     // (Not with the score hook: the d 128 hooked tile of 128 x 176 spilled 16 bytes with it.)
     constexpr bool SPLIT_TAIL =
         !SeqT::PACKED && !MaskT::CAUSAL && !MaskT::LOCAL && !ScoreT::REWRITES;
@@ -240,7 +241,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                 if (p.tail_tiles > 0 && c >= (units - p.tail_tiles) / (int)gridDim.x) {
                     const int b = blockIdx.x, T_c = tail_T_c();
                     const int lo = tail_share(b), hi = tail_share(b + 1);  // steps [lo, hi)
-                    // the tail's tile t: the block's (c - rounds)-th of its share
+                    // the tail's tile t: the block's (c - whole tiles per block)-th of its share
                     const int t = lo / T_c + c - (units - p.tail_tiles) / (int)gridDim.x;
                     const int first = max(lo, t * T_c), last = min(hi, (t + 1) * T_c);
                     if (first >= last) return false;

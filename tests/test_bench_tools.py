@@ -159,6 +159,53 @@ def test_varlen_bench_draws_a_mix_that_totals_the_tokens():
     assert vb.attention_flops([10], 1, 8, True) == 4 * 100 * 8 / 2
 
 
+def test_paired_median_ms_times_the_fns_in_turns(monkeypatch):
+    """bench.paired_median_ms: each fn's calls between its own pair of events, the fns in
+    turns (warm-up and timed calls), the L2 flushed before every call, behind one spin; the
+    median per fn. median_ms is its one-fn case."""
+    import types
+
+    bench = _load("bench")
+    log, clock = [], [0.0]
+
+    class Event:
+        def __init__(self):
+            self.t = None
+            self.done = False  # (queued behind the spin: not started when the last is queued)
+
+        def record(self):
+            self.t = clock[0]
+            log.append("event")
+
+    def elapsed(a, b):
+        return b.t - a.t
+    flush = types.SimpleNamespace(fill=lambda v: log.append("flush"))
+    stream = types.SimpleNamespace(synchronize=lambda: None)
+    cp = types.SimpleNamespace(
+        uint8="u8", empty=lambda n, dtype: flush,
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=99), Event=Event,
+                                   get_current_stream=lambda: stream,
+                                   get_elapsed_time=elapsed))
+    monkeypatch.setattr(bench, "_spin", lambda cp, ms: log.append("spin"))
+    monkeypatch.setattr(bench, "_WARM_MS", 0.0)
+    monkeypatch.setattr(bench, "_flush_buffers", {})
+
+    def fn(label, ms):
+        def f():
+            log.append(label)
+            clock[0] += ms
+        return f
+    got = bench.paired_median_ms(cp, {"a": fn("a", 2.0), "b": fn("b", 5.0)}, 2, 3)
+    assert got == {"a": 2.0, "b": 5.0}
+    calls = [x for x in log if x in ("a", "b")]
+    assert calls == ["a", "b"] * 5  # (2 warm-up rounds, 3 timed)
+    timed = log[log.index("spin") + 1:]
+    assert timed == ["flush", "event", "a", "event", "flush", "event", "b", "event"] * 3
+    log.clear()
+    assert bench.median_ms(cp, fn("a", 4.0), 1, 5) == 4.0
+    assert [x for x in log if x == "a"] == ["a"] * 6
+
+
 def test_run_point_rounds_alternates_providers_and_takes_the_median(monkeypatch):
     """bench.run_point with rounds > 1: every provider timed once per round, in turn, the
     order reversed every other round; ms is the median of its rounds; a provider that fails

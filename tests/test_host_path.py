@@ -354,20 +354,21 @@ def test_split_tail_buffers_per_stream(fake, monkeypatch):
     monkeypatch.setattr(cp.cuda, "ExternalStream", lambda ptr: contextlib.nullcontext(),
                         raising=False)
     cfg = _plan.sm90_forward_config(128, False)
-    a = _api._tail_buffers(cp, 0, 7, cfg, 132)
-    assert _api._tail_buffers(cp, 0, 7, cfg, 132) == a
-    assert _api._tail_buffers(cp, 0, 8, cfg, 132) != a  # another stream
-    assert _api._tail_buffers(cp, 1, 7, cfg, 132) != a  # another GPU
-    mine = _api._tail_buffers(cp, 0, 2, cfg, 132)
+    one, two = (_registry.sm90_tail_buffers(cfg, grid) for grid in (132, 264))
+    a = _api._tail_buffers(cp, 0, 7, one)
+    assert _api._tail_buffers(cp, 0, 7, one) == a
+    assert _api._tail_buffers(cp, 0, 8, one) != a  # another stream
+    assert _api._tail_buffers(cp, 1, 7, one) != a  # another GPU
+    mine = _api._tail_buffers(cp, 0, 2, one)
     theirs = []
-    t = threading.Thread(target=lambda: theirs.append(_api._tail_buffers(cp, 0, 2, cfg, 132)))
+    t = threading.Thread(target=lambda: theirs.append(_api._tail_buffers(cp, 0, 2, one)))
     t.start()
     t.join()
-    assert theirs[0] != mine and _api._tail_buffers(cp, 0, 2, cfg, 132) == mine
-    bigger = _api._tail_buffers(cp, 0, 7, cfg, 264)
-    assert bigger != a and _api._tail_buffers(cp, 0, 7, cfg, 132) == bigger
+    assert theirs[0] != mine and _api._tail_buffers(cp, 0, 2, one) == mine
+    bigger = _api._tail_buffers(cp, 0, 7, two)
+    assert bigger != a and _api._tail_buffers(cp, 0, 7, one) == bigger
     for stream in range(100, 100 + 2 * _api._TAIL_STREAMS):
-        _api._tail_buffers(cp, 0, stream, cfg, 132)
+        _api._tail_buffers(cp, 0, stream, one)
     assert len(_api._tail_kept) == _api._TAIL_STREAMS
 
 

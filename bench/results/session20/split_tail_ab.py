@@ -16,46 +16,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import bench  # noqa: E402
 
 
-def paired_ms(cp, fns, reps, warmup=5):
-    """{label: kernel time in ms} of each fn, as bench.median_ms measures one (events around
-    each call, the L2 flushed before each, every call queued behind a spin kernel), with the
-    variants' calls interleaved (A, B, C, A, B, C, ...), so that the GPU's drifts of clock
-    between rounds, which moved one variant's median by up to 5% here, fall on all alike."""
-    import time
-
-    import numpy as np
-    flush = cp.empty(256 << 20, dtype=cp.uint8)
-    stream = cp.cuda.get_current_stream()
-    t0, issued = time.perf_counter(), []
-    while len(issued) < warmup * len(fns) or (time.perf_counter() - t0) < 0.05:
-        for fn in fns.values():
-            t1 = time.perf_counter()
-            flush.fill(0)
-            fn()
-            issued.append(time.perf_counter() - t1)
-        stream.synchronize()
-    events = {k: [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)] for k in fns}
-    hold_ms = 1.0 + 2e3 * reps * len(fns) * float(np.median(issued))
-    for _ in range(3):
-        bench._spin(cp, hold_ms)
-        t1 = time.perf_counter()
-        for i in range(reps):
-            for k, fn in fns.items():
-                start, end = events[k][i]
-                flush.fill(0)
-                start.record()
-                fn()
-                end.record()
-        first = events[next(iter(fns))][0][0]
-        if not first.done:
-            break
-        stream.synchronize()
-        hold_ms = 4 * max(hold_ms, (time.perf_counter() - t1) * 1e3)
-    stream.synchronize()
-    return {k: float(np.median([cp.cuda.get_elapsed_time(a, b) for a, b in ev]))
-            for k, ev in events.items()}
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--headdims", default="64,128,256")
@@ -66,7 +26,8 @@ def main():
                     help="label:SPLIT_TAIL_MIN_BLOCKS, comma-separated; the first is the "
                          "speedup's numerator, the last its denominator")
     ap.add_argument("--paired", action="store_true",
-                    help="the variants' calls interleaved in one timing loop (paired_ms)")
+                    help="the variants' calls interleaved in one timing loop "
+                         "(bench.paired_median_ms)")
     ap.add_argument("--json")
     args = ap.parse_args()
     import cupy as cp
@@ -94,7 +55,7 @@ def main():
             res = {k_: [] for k_ in fns}
             for _ in range(args.rounds):
                 if args.paired:
-                    for label, ms in paired_ms(cp, fns, args.reps).items():
+                    for label, ms in bench.paired_median_ms(cp, fns, 5, args.reps).items():
                         res[label].append(ms)
                     continue
                 for label, fn in fns.items():
