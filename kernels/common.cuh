@@ -608,6 +608,26 @@ __device__ __forceinline__ void red_add_f32(bool pred, float* p, float a) {
                  :: "r"((int)pred), "l"(p), "f"(a) : "memory");
 }
 
+// Split work's count-in (the Hopper kernels' split tails): a tile's result is made of `parts`
+// parts that different thread blocks compute; each warp of a part, once all its lanes have
+// written their share of it to global memory and fenced (__threadfence, then __syncwarp),
+// counts itself in at its `count`. True in every lane of the warp that counts in last: it may
+// then read every part's writes, and `count` is set back to 0 for the next launch. Lane 0
+// counts in; where it is last, its fence orders the others' writes, seen through the count,
+// before the warp's loads, which __syncwarp orders after it. No warp waits on another.
+__device__ __forceinline__ bool count_in_last(int* count, int parts, int lane) {
+    int before = 0;
+    if (lane == 0) {
+        before = atomicAdd(count, 1);
+        if (before == parts - 1) {
+            __threadfence();
+            *count = 0;
+        }
+    }
+    __syncwarp();
+    return __shfl_sync(0xffffffffu, before, 0) == parts - 1;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bulk asynchronous reduction (sm_90+): the copy engine adds a contiguous run of floats from
 // shared memory into global memory, element by element (atomically), while the threads go on.

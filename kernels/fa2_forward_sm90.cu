@@ -626,11 +626,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                 const int step = tail_share(b), T_c = tail_T_c();
                 if (step % T_c == 0) continue;  // (a boundary between whole tiles)
                 int* count = p.tail_flags + b * (4 * Tile::CONSUMERS) + wg * 4 + warp;
-                int before = 0;
-                if (lane == 0) before = atomicAdd(count, 1);
-                if (__shfl_sync(0xffffffffu, before, 0) == 0) continue;  // the other merges
-                __threadfence();  // (the other part's stores, before its count)
-                if (lane == 0) *count = 0;
+                if (!count_in_last(count, 2, lane)) continue;  // (the other part merges)
                 const Tile_ tt = tail_tile(step / T_c);
                 const SeqInfo seq = SeqT::info(p, tt.batch);
                 merge_tail_rows(2 * b, 64 * wg + 16 * warp, tt.row_block * B_r, seq.seqlen_q,
