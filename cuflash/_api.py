@@ -987,9 +987,8 @@ class _Repeat:
         if self.tail is not None:
             cupy = _cupy()
             sizes, offsets = self.tail
-            buffers = _tail_buffers(cupy, self.device_id, stream, sizes)
             filled = _with_addresses(filled, offsets,
-                                     (buffers["tail_parts"], buffers["tail_flags"]))
+                                     _tail_buffers(cupy, self.device_id, stream, sizes))
         _launch_struct(self.params, filled, self.launches, stream)
 
     def _launch_kept(self, cupy, seen) -> bool:
@@ -1092,9 +1091,9 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
         shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail)
         grid, per_unit, tail = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
         if tail:  # (the split tail's buffers: fa2_forward_sm90.cu)
-            features = dict(features, tail_tiles=tail, **_tail_buffers(
-                cupy, device_id, cupy.cuda.get_current_stream().ptr,
-                _registry.sm90_tail_buffers(cfg, grid[0])))
+            parts, flags = _tail_buffers(cupy, device_id, cupy.cuda.get_current_stream().ptr,
+                                         _registry.sm90_tail_buffers(cfg, grid[0]))
+            features = dict(features, tail_tiles=tail, tail_parts=parts, tail_flags=flags)
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + {cfg.consumers} consumer "
               f"warpgroups): "
@@ -1136,11 +1135,12 @@ def _sm90_grid(cupy, shape_key: tuple):
         int(_device_properties(cupy, device_id)["multiProcessorCount"]), seqlen_k, split_tail))
 
 
-# The split tail's buffers (fa2_forward_sm90.cu), per GPU and stream (and host thread, for
-# the per-thread default stream, whose handle every thread shares): the parts in float32, and
-# the counts at zero, which each launch leaves at zero again. Launches on one stream run one
+# The split tails' buffers (fa2_forward_sm90.cu, fa2_backward_sm90.cu), per family, GPU and
+# stream (and host thread, for the per-thread default stream, whose handle every thread
+# shares): the parts in float32 (the backward's: sums, at zero between its launches) and the
+# counts at zero, which each launch leaves at zero again. Launches on one stream run one
 # after the other and can share them; another stream has its own. Grown where a launch needs
-# more; at most _TAIL_STREAMS streams' kept, the oldest let go. Letting go is safe with
+# more; at most _TAIL_STREAMS kept, the oldest let go. Letting go is safe with
 # launches still queued: CuPy's pool hands a freed block out again only on the stream it
 # was allocated on, behind them. (A CUDA graph that holds a split-tail launch must not be
 # replayed on two streams at once: its launches share one stream's buffers.)
@@ -1149,11 +1149,14 @@ _TAIL_STREAMS = 16
 _PER_THREAD_STREAM = 2  # cudaStreamPerThread
 
 
-def _tail_buffers(cupy, device_id: int, stream: int, sizes: tuple) -> dict:
-    """The tail_parts and tail_flags fields of a split-tail launch on the stream whose
-    handle is given (the device current); sizes: _registry.sm90_tail_buffers's."""
+def _tail_buffers(cupy, device_id: int, stream: int, sizes: tuple,
+                  family: str = "forward") -> tuple:
+    """The addresses of a split-tail launch's float32 and int32 buffers on the stream whose
+    handle is given (the device current); sizes: _registry.sm90_tail_buffers's (the
+    forward's) or sm90_backward_tail_buffers's (family "backward": its own buffers, whose
+    floats must be zero where the forward's are left dirty)."""
     n_parts, n_flags = sizes
-    key = (device_id, stream,
+    key = (family, device_id, stream,
            threading.get_ident() if stream == _PER_THREAD_STREAM else None)
     kept = _tail_kept.get(key)
     if kept is None or kept[0].size < n_parts or kept[1].size < n_flags:
@@ -1167,9 +1170,9 @@ def _tail_buffers(cupy, device_id: int, stream: int, sizes: tuple) -> dict:
         with contextlib.ExitStack() as on_stream:
             if stream != cupy.cuda.get_current_stream().ptr:
                 on_stream.enter_context(cupy.cuda.ExternalStream(stream))
-            kept = _tail_kept[key] = (cupy.empty(n_parts, dtype=np.float32),
+            kept = _tail_kept[key] = (cupy.zeros(n_parts, dtype=np.float32),
                                       cupy.zeros(n_flags, dtype=np.int32))
-    return {"tail_parts": kept[0].data.ptr, "tail_flags": kept[1].data.ptr}
+    return kept[0].data.ptr, kept[1].data.ptr
 
 
 _portable_only = False
@@ -1613,9 +1616,24 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
                      (cfg.B_r, cfg.B_c, cfg.B_c, cfg.B_r), bind=main.bind_thread)
     if maps is None:
         return False
-    grid = _registry.sm90_backward_grid(
-        cfg, seqlen_k, nheads_k, batch, causal, ordered,
-        int(_device_properties(cupy, device_id)["multiProcessorCount"]))
+    sms = int(_device_properties(cupy, device_id)["multiProcessorCount"])
+    grid = _registry.sm90_backward_grid(cfg, seqlen_k, nheads_k, batch, causal, ordered, sms)
+    stream = cupy.cuda.get_current_stream().ptr
+    tail = {"tail_whole": 0, "tail_parts": 1}
+    if not (causal or local or ordered or packed is not None):
+        # a 1-d grid over the tiles, the last ones split by row steps where the last round of
+        # blocks is part empty (fa2_backward_sm90.cu, the split tail; not where the call is
+        # to allocate nothing: its buffers are the stream's, allocated on first use)
+        tiles = grid[0] * grid[1] * grid[2]
+        whole, parts = (tiles, 1) if scratch is not None or _allocating_nothing() else \
+            _registry.sm90_backward_split(tiles, -(-seqlen_q // cfg.B_r) * (nheads // nheads_k),
+                                          sms)
+        grid = (whole + (tiles - whole) * parts, 1, 1)
+        tail = {"tail_whole": whole, "tail_parts": parts}
+        if parts > 1:
+            tail["tail_acc"], tail["tail_flags"] = _tail_buffers(
+                cupy, device_id, stream,
+                _registry.sm90_backward_tail_buffers(cfg, whole, tiles), "backward")
     s_ = _scratch_arrays(cupy, _sm90_backward_scratch(cfg, batch, nheads, nheads_k, seqlen_q,
                                                       ordered, total_q), scratch)
     if packed is None:
@@ -1625,7 +1643,6 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
         fields = {**fields, **ws}
     lanes = _preprocess_lanes(d)
     rows = -(-seqlen_q // cfg.B_r) * cfg.B_r  # (the padded rows of D and L log2 e)
-    stream = cupy.cuda.get_current_stream().ptr
     tm_q, tm_k, tm_v, tm_do = maps
     with params.lock:  # one struct for the three kernels
         params.pack(tm_q=tm_q, tm_k=tm_k, tm_v=tm_v, tm_do=tm_do, q=q.data.ptr, k=k.data.ptr,
@@ -1640,7 +1657,7 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
                     group=nheads // nheads_k, nheads=nheads, head_parts=1,
                     deterministic=int(ordered),
                     splits=1, dq_accum_cols=cfg.HD, lanes=lanes, softmax_scale=scale,
-                    scale_log2=scale * _LOG2E, **features, **fields)
+                    scale_log2=scale * _LOG2E, **tail, **features, **fields)
         # 1. D = rowsum(dO ∘ O) and L log2(e), padded to whole row blocks
         pre(_registry.backward_preprocess_grid(rows, lanes, nheads, batch), 128, 0, stream,
             params)

@@ -230,6 +230,13 @@ SM90_BWD = Struct("Sm90BwdParams", "Hopper backward kernels (fa2_backward_sm90.c
     *BWD.fields,
     Field("lse_log2", "ptr", "L log2(e) (batch, heads, seqlen_q rounded up to B_r), float32, "
           "+inf past the end of Q (preprocess with PAD; dsum is padded alike)", "float*"),
+    Field("tail_whole", "i32", "the tiles not split (dense, no mask: the 1-d grid's first "
+          "blocks, a tile each)"),
+    Field("tail_parts", "i32", "split tail: parts of each tile from tail_whole on (1: none)"),
+    Field("tail_acc", "ptr", "split tail: the split tiles' dK, dV sums, float32, zero between "
+          "launches", "float*", 0),
+    Field("tail_flags", "ptr", "split tail: per split tile and consumer warp, parts in, int32, "
+          "zero between launches", "int*", 0),
 ])
 
 # ---- KV-cache decoding: fa2_decode, fa2_decode_combine, fa2_decode_append ---------------------

@@ -253,6 +253,44 @@ def sm90_backward_grid(cfg, seqlen_k: int, nheads_k: int, batch: int, causal: bo
     return (H, T_c, batch * nheads_k // H)
 
 
+def sm90_backward_split(tiles: int, steps: int, sms: int) -> tuple:
+    """(whole, parts) of the Hopper backward's split tail (fa2_backward_sm90.cu; dense calls
+    without a mask, a window or the deterministic mode): `tiles` tiles (column blocks x kv
+    heads x batch) of `steps` row steps each, one thread block per SM at a time, in rounds.
+    Where the last round is part empty (tiles % sms of them: the `left` tiles), the first
+    tiles - left run whole and each of the left tiles comes as `parts` blocks of about
+    steps / parts row steps, whose sums the last to finish adds up. parts: the number that
+    ends the parts' rounds soonest, each part counted at SPLIT_PART_COST more steps (its K_j,
+    V_j loads and pipeline fill, its sums' reductions), where that is sooner than the left
+    tiles whole; else (tiles, 1)."""
+    return _backward_split(tiles, steps, sms, SPLIT_PART_COST, SPLIT_MAX_PARTS)
+
+
+@functools.lru_cache(maxsize=256)  # (at every launch: a loop of up to SPLIT_MAX_PARTS)
+def _backward_split(tiles: int, steps: int, sms: int, SPLIT_PART_COST: int,
+                    SPLIT_MAX_PARTS: int) -> tuple:
+    left = tiles % sms
+    best, best_parts = steps, 1  # the last round, unsplit: one tile's steps
+    for parts in range(2, min(steps, SPLIT_MAX_PARTS) + 1 if left else 0):
+        last = -(-left * parts // sms) * (-(-steps // parts) + SPLIT_PART_COST)
+        if last < best:
+            best, best_parts = last, parts
+    return (tiles - left, best_parts) if best_parts > 1 else (tiles, 1)
+
+
+# The Hopper backward's split tail (sm90_backward_split): a part's own cost, in row steps of
+# its tile, and the most parts a tile is split into.
+SPLIT_PART_COST = 3
+SPLIT_MAX_PARTS = 64
+
+
+def sm90_backward_tail_buffers(cfg, whole: int, tiles: int) -> tuple:
+    """(float32 count, int32 count) of the split tail's buffers (fa2_backward_sm90.cu): for
+    each split tile, its dK_j and dV_j sums (B_c x HD each) and a count per consumer warp
+    (16 keys each)."""
+    return 2 * (tiles - whole) * cfg.B_c * cfg.HD, (tiles - whole) * cfg.B_c // 16
+
+
 def ordered_wave_heads(pairs: int, sms: int) -> int:
     """The deterministic Hopper backward without the causal mask: how many of the `pairs`
     (batch, kv head) pairs share the GPU at once, a divisor of `pairs`. About sms / H blocks of

@@ -169,11 +169,31 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     // dQ_accum's row blocks in L2 but trail each other by a turn, as all start at row block 0;
     // the host picks H (_registry.ordered_wave_heads). H = all pairs: every pair's block x
     // starts before any block x + 1 (no trailing, but nothing shared in L2: ncu, session 15).
+    // SPLIT (the split tail, below: dense batches without a mask or a window, not ORDERED):
+    // a 1-d grid over the tiles (column block j, kv head, batch), j fastest; the tiles from
+    // p.tail_whole on come as p.tail_parts blocks each, part `part` taking its share of the
+    // tile's steps.
     constexpr bool BY_HEAD = ORDERED && !MaskT::CAUSAL;
+    constexpr bool SPLIT = !ORDERED && !SeqT::PACKED && !MaskT::CAUSAL && !MaskT::LOCAL;
     const int kv_heads = nheads / p.group, f = blockIdx.z * gridDim.x + blockIdx.x;
-    const int head_k = BY_HEAD ? f % kv_heads : blockIdx.y;
-    const int batch = BY_HEAD ? f / kv_heads : blockIdx.z;
-    int j = blockIdx.x;
+    const int T_c = (p.seqlen_k + B_c - 1) / B_c;
+    // (a function of blockIdx, called again after the step loop: kept through it, the values
+    // made the d 128 hooked consumers spill)
+    auto split_block = [&]() {
+        struct {
+            int tile, part, parts;
+        } b{(int)blockIdx.x, 0, 1};
+        if (SPLIT && b.tile >= p.tail_whole) {
+            b.parts = p.tail_parts;
+            b.part = (b.tile - p.tail_whole) % b.parts;
+            b.tile = p.tail_whole + (b.tile - p.tail_whole) / b.parts;
+        }
+        return b;
+    };
+    const auto [tile, part, parts] = split_block();
+    const int head_k = SPLIT ? tile / T_c % kv_heads : BY_HEAD ? f % kv_heads : blockIdx.y;
+    const int batch = SPLIT ? tile / T_c / kv_heads : BY_HEAD ? f / kv_heads : blockIdx.z;
+    int j = SPLIT ? tile % T_c : blockIdx.x;
     if constexpr (ORDERED) {
         if (tid == 0) {
             const int nbatch = BY_HEAD ? gridDim.x * gridDim.z / kv_heads : gridDim.z;
@@ -182,7 +202,7 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                 atomicAdd(tickets + batch * kv_heads + head_k, 1);
         }
         __syncthreads();
-        j = (p.seqlen_k + B_c - 1) / B_c - 1 - ld_shared_s32(sTicket);
+        j = T_c - 1 - ld_shared_s32(sTicket);
     }
     // This batch entry's lengths and rows (seqinfo.cuh; packed: the entry's own, while the
     // grid's T_c is the longest entry's: a column block past the entry's keys has no work).
@@ -200,11 +220,13 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     };
     const MaskT mask(p, seqlen_q, seqlen_k);
     // The steps: every row block i that sees column block j (block_range.cuh), for each query
-    // head h of the group in turn; step t is (h, i) = (head_k group + t / n, begin + t % n).
+    // head h of the group in turn; the tile's step u is (h, i) = (head_k group + u / n,
+    // begin + u % n). The block's step t is the tile's t0 + t (SPLIT: its part's share).
     const RowBlocks rb = row_blocks<B_r, B_c>(mask, j);
-    const int n = rb.end - rb.begin, steps = n * p.group;
-    auto step_head = [&](int t) { return head_k * p.group + t / n; };
-    auto step_row_block = [&](int t) { return rb.begin + t % n; };
+    const int n = rb.end - rb.begin, t0 = part * (n * p.group) / parts;
+    const int steps = (part + 1) * (n * p.group) / parts - t0;
+    auto step_head = [&](int t) { return head_k * p.group + (t0 + t) / n; };
+    auto step_row_block = [&](int t) { return rb.begin + (t0 + t) % n; };
 
     // How dQ_ij reaches dQ_accum. DQ_RED: 16-byte vector reductions from the registers. Else
     // through shared memory: the consumer stores its group's tile and a mailbox and signals
@@ -579,6 +601,45 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     for (int nt = 0; nt < NT_D; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dk[nt][e] *= p.softmax_scale;
+
+    // ---- the split tail: a split tile's parts summed -----------------------------------
+    // The grid's blocks run in rounds of one per SM, and tiles of equal work (no mask) leave
+    // the last round part empty where their number is not a multiple of the SMs' (d 128, 16k
+    // tokens: 2048 tiles on 132 SMs, 15.5 rounds of work in 16). So the host splits the last
+    // tiles by row steps into p.tail_parts parts, which fill the last round more evenly
+    // (cuflash/_registry.py, sm90_backward_split). Each part adds its dK_j, dV_j into the
+    // tile's float32 sum in p.tail_acc (fragment order, a warp's 16 keys contiguous) by
+    // 16-byte reductions; each warp then counts itself in, and the last to count in loads the
+    // sums (its own part in them), sets them back to 0 for the next launch, and stores:
+    //     dK_j = sum over parts of dK_j',  dV_j = sum over parts of dV_j'
+    if (SPLIT && blockIdx.x >= p.tail_whole) {
+        const int split_tile = split_block().tile - p.tail_whole;
+        constexpr int WARP_FLOATS = NT_D * 32 * 4;  // one warp's 16 keys of dK_j or dV_j
+        float* acc = p.tail_acc +
+                     ((size_t)split_tile * CONSUMERS * 4 + wg * 4 + warp) * 2 * WARP_FLOATS +
+                     lane * 4;
+#pragma unroll
+        for (int nt = 0; nt < NT_D; ++nt) {
+            red_add_f32x4(true, acc + nt * 128, dk[nt][0], dk[nt][1], dk[nt][2], dk[nt][3]);
+            red_add_f32x4(true, acc + WARP_FLOATS + nt * 128, dv[nt][0], dv[nt][1], dv[nt][2],
+                          dv[nt][3]);
+        }
+        __threadfence();  // (this lane's reductions, before its warp's count)
+        __syncwarp();
+        const int flag = (split_tile * CONSUMERS + wg) * 4 + warp;
+        if (!count_in_last(p.tail_flags + flag, p.tail_parts, lane)) return;  // (another stores)
+        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int nt = 0; nt < NT_D; ++nt) {
+            float4* x = reinterpret_cast<float4*>(acc + nt * 128);
+            float4* y = reinterpret_cast<float4*>(acc + WARP_FLOATS + nt * 128);
+            const float4 a = __ldcg(x), b = __ldcg(y);
+            dk[nt][0] = a.x, dk[nt][1] = a.y, dk[nt][2] = a.z, dk[nt][3] = a.w;
+            dv[nt][0] = b.x, dv[nt][1] = b.y, dv[nt][2] = b.z, dv[nt][3] = b.w;
+            __stcg(x, zero);
+            __stcg(y, zero);
+        }
+    }
 #pragma unroll
     for (int e2 = 0; e2 < 2; ++e2) {
         const int key = key_lane + 8 * e2;

@@ -376,6 +376,10 @@ struct Sm90BwdParams {
     const int* row_block_offsets;   // packed, bulk dQ: each entry's first row block in dQ_accum (batch + 1), int32
     int ws_blocks;                  // packed, bulk dQ: row blocks per head in dQ_accum
     float* lse_log2;                // L log2(e) (batch, heads, seqlen_q rounded up to B_r), float32, +inf past the end of Q (preprocess with PAD; dsum is padded alike)
+    int tail_whole;                 // the tiles not split (dense, no mask: the 1-d grid's first blocks, a tile each)
+    int tail_parts;                 // split tail: parts of each tile from tail_whole on (1: none)
+    float* tail_acc;                // split tail: the split tiles' dK, dV sums, float32, zero between launches
+    int* tail_flags;                // split tail: per split tile and consumer warp, parts in, int32, zero between launches
 };
 static_assert(sizeof(Sm90BwdParams) == 960, "Sm90BwdParams: size differs from cuflash/_params.py");
 #ifndef __CUDACC_RTC__
@@ -442,6 +446,10 @@ static_assert(__builtin_offsetof(Sm90BwdParams, total_q) == 880, "Sm90BwdParams.
 static_assert(__builtin_offsetof(Sm90BwdParams, row_block_offsets) == 888, "Sm90BwdParams.row_block_offsets");
 static_assert(__builtin_offsetof(Sm90BwdParams, ws_blocks) == 896, "Sm90BwdParams.ws_blocks");
 static_assert(__builtin_offsetof(Sm90BwdParams, lse_log2) == 904, "Sm90BwdParams.lse_log2");
+static_assert(__builtin_offsetof(Sm90BwdParams, tail_whole) == 912, "Sm90BwdParams.tail_whole");
+static_assert(__builtin_offsetof(Sm90BwdParams, tail_parts) == 916, "Sm90BwdParams.tail_parts");
+static_assert(__builtin_offsetof(Sm90BwdParams, tail_acc) == 920, "Sm90BwdParams.tail_acc");
+static_assert(__builtin_offsetof(Sm90BwdParams, tail_flags) == 928, "Sm90BwdParams.tail_flags");
 #endif
 
 // KV-cache decoding kernels (fa2_decode.cu).

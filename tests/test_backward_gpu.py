@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from gpu_helpers import SHIFTED_CASES, assert_accurate, rand
 
-from cuflash import _api, reference
+from cuflash import _api, _registry, reference
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="CuPy not installed")
@@ -133,6 +133,45 @@ def test_hopper_backward_many_blocks_and_heads(causal, d):
     """More column blocks than SMs, a GQA group of 4 walked by each block, both dtypes."""
     for dt in DTYPES:
         check_gradients(*make_inputs(3, 2000, 2100, 8, 2, d, DTYPES[dt]), causal)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("d, b, sq, sk, h, hk, hook", [
+    (128, 1, 1100, 1000, 4, 2, False),   # fewer tiles than SMs: every tile split
+    (64, 2, 517, 3001, 6, 2, False),
+    (96, 1, 259, 3001, 12, 6, False),    # 144 tiles: 132 whole, 12 split; d below its bucket
+    (128, 1, 700, 1500, 4, 4, True),     # the softcap and ALiBi, strided inputs
+    (64, 1, 700, 1500, 4, 4, True)])
+def test_backward_split_tail(dt, d, b, sq, sk, h, hk, hook, monkeypatch):
+    """The Hopper backward's split tail (fa2_backward_sm90.cu): the last tiles split by row
+    steps, each part adding its dK_j, dV_j into float32 sums that the last part stores. Split
+    wherever a last round is part empty (SPLIT_PART_COST 0): odd lengths, GQA, several batch
+    entries. Against float64 gradients; then again (the sums and counts back at zero), on a
+    second stream (its own buffers) and unsplit, the same gradients up to the float32 order
+    of the parts' sums."""
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("not an sm_90 GPU: the Hopper backward does not run here")
+    monkeypatch.setattr(_registry, "SPLIT_PART_COST", 0)
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    tiles = -(-sk // 128) * hk * b
+    assert _registry.sm90_backward_split(tiles, -(-sq // 64) * (h // hk), sms)[1] > 1
+    features = {"softcap": 5.0, "alibi_slopes": cp.full((h,), 0.3, dtype=cp.float32)} \
+        if hook else {}
+    q, k, v, dout = make_inputs(b, sq, sk, h, hk, d, DTYPES[dt], strided=hook)
+    grads = check_gradients(q, k, v, dout, False, **features)
+    out, lse = cuflash.forward(q, k, v, **features)
+
+    def close(got):
+        for name, g, w in zip(("dq", "dk", "dv"), got, grads):
+            g, w = g.astype(cp.float32), w.astype(cp.float32)
+            assert float(cp.abs(g - w).max()) <= 0.02 * float(cp.abs(w).max()), name
+    close(cuflash.backward(dout, q, k, v, out, lse, **features))
+    with cp.cuda.Stream():
+        again = cuflash.backward(dout, q, k, v, out, lse, **features)
+        cp.cuda.get_current_stream().synchronize()
+    close(again)
+    monkeypatch.setattr(_registry, "SPLIT_MAX_PARTS", 1)  # (unsplit)
+    close(cuflash.backward(dout, q, k, v, out, lse, **features))
 
 
 @pytest.mark.parametrize("d", [96, 128, 192, 224])

@@ -726,7 +726,11 @@ def test_sm90_backward_packs_one_struct_for_its_three_kernels(fake, causal, d, d
     names = _plan.sm90_backward_names("float16", cfg, causal, ordered=deterministic)
     assert (pre[0], main[0], fin[0]) == (names["pre"], names["main"], names["dq"])
     T_c = -(-517 // cfg.B_c)
-    assert main[1] == ((4, T_c, 1) if deterministic and not causal else (T_c, 2, 2))
+    # (without a mask, deterministic or not: a 1-d grid over the tiles, the split tail's;
+    # unsplit here, as a call on a given arena allocates nothing)
+    assert main[1] == ((4, T_c, 1) if deterministic and not causal else (T_c, 2, 2) if causal
+                       else (T_c * 4, 1, 1))
+    assert main[4]["tail_parts"] == 1
     assert main[2] == 384
     assert main[3] == cfg.smem_bytes
     rows = -(-333 // 64) * 64
@@ -747,6 +751,82 @@ def test_sm90_backward_packs_one_struct_for_its_three_kernels(fake, causal, d, d
         assert words[2] == x.data.ptr, name  # (_encode_words: the map's address word)
         assert words[10] == 64 and words[11] == (cfg.B_c if name in ("tm_k", "tm_v")
                                                  else cfg.B_r), name  # (the box)
+
+
+def _backward_split_walk(tiles, steps, sms):
+    """The blocks of fa2_backward_sm90.cu's 1-d grid under sm90_backward_split's choice, as
+    the kernel maps them: (tile, first step, end step) each."""
+    whole, parts = _registry.sm90_backward_split(tiles, steps, sms)
+    walk = []
+    for b in range(whole + (tiles - whole) * parts):
+        tile, part, n = b, 0, 1
+        if b >= whole:
+            tile, part, n = whole + (b - whole) // parts, (b - whole) % parts, parts
+        walk.append((tile, part * steps // n, (part + 1) * steps // n))
+    return whole, parts, walk
+
+
+@pytest.mark.parametrize("tiles, steps, sms, expect", [
+    (2048, 256, 132, (1980, 7)),   # d 128, 16k tokens, n 16k: 68 tiles left over, 7 parts
+    (2048, 32, 132, (1980, 3)),    # n 2048
+    (2048, 8, 132, (2048, 1)),     # n 512: parts would cost more than they save
+    (4096, 32, 132, (4092, 32)),   # d 64, n 2048: 4 tiles left over, 32 parts
+    (4096, 8, 132, (4092, 8)),     # one step a part
+    (2112, 256, 132, (2112, 1)),   # whole rounds
+    (16, 36, 132, (0, 8)),         # fewer tiles than SMs
+    (7, 1, 132, (7, 1)),           # one step: nothing to split
+])
+def test_sm90_backward_split_covers_every_step_once(tiles, steps, sms, expect):
+    """The Hopper backward's split tail: the last tiles' row steps, in parts, each taken by
+    one block, every step of every tile exactly once, no part empty; the parts chosen so that
+    the parts' rounds end soonest (SPLIT_PART_COST more steps a part)."""
+    whole, parts, walk = _backward_split_walk(tiles, steps, sms)
+    assert (whole, parts) == expect
+    assert parts == 1 or whole == tiles - tiles % sms
+    seen = np.zeros((tiles, steps), int)
+    for tile, t0, t1 in walk:
+        assert t1 > t0
+        seen[tile, t0:t1] += 1
+    assert (seen == 1).all()
+
+
+@pytest.mark.parametrize("options, split", [({}, True), ({"softcap": 5.0}, True),
+                                            ({"causal": True}, False),
+                                            ({"window_size": (64, 64)}, False),
+                                            ({"deterministic": True}, False)])
+def test_sm90_backward_passes_the_split_tail(fake, options, split):
+    """A dense Hopper backward without a mask, a window or the deterministic mode runs on a
+    1-d grid over its tiles (column block, kv head, batch), the last ones split by row steps
+    where the last round of blocks is part empty: 136 tiles on 132 SMs, 4 left over, 16 parts
+    of one step each; the buffers the stream's (kept: a second call gets the same ones, zeroed
+    once). Allocating nothing (cuflash.jax's callbacks): the same grid, unsplit."""
+    q, k, v = _qkv(1, 1024, 1024, 17, 17, 128)  # 8 column blocks x 17 heads, 16 row blocks
+    dout = FakeArray(np.ones(q.shape, np.float16))
+    out = FakeArray(np.ones(q.shape, np.float16))
+    lse = FakeArray(np.zeros((1, 17, 1024), np.float32))
+    for _ in range(2):
+        _api.backward(dout, q, k, v, out, lse, **options)
+    mains = [launch for launch in fake if "fa2_backward_sm90<" in launch[0]]
+    assert len(mains) == 2
+    if not split:
+        assert all(m[1][1:] != (1, 1) and m[4]["tail_parts"] == 1 for m in mains)
+        assert not _api._tail_kept
+        return
+    assert all(m[1] == (132 + 4 * 16, 1, 1) for m in mains)
+    ps = [m[4] for m in mains]
+    assert all((p["tail_whole"], p["tail_parts"]) == (132, 16) for p in ps)
+    assert ps[0]["tail_acc"] == ps[1]["tail_acc"] != 0
+    assert ps[0]["tail_flags"] == ps[1]["tail_flags"] != 0
+    ((key, (acc, flags)),) = _api._tail_kept.items()
+    cfg = _plan.sm90_backward_config(128, hooked="softcap" in options)
+    assert key[0] == "backward"
+    assert (acc.size, flags.size) == _registry.sm90_backward_tail_buffers(cfg, 132, 136)
+    assert not acc.a.any() and not flags.a.any()  # (zeros: cupy.zeros)
+    del fake[:]
+    with _api._allocation_free():
+        _api.backward(dout, q, k, v, out, lse, **options)
+    main = [launch for launch in fake if "fa2_backward_sm90<" in launch[0]][0]
+    assert main[1] == (136, 1, 1) and main[4]["tail_parts"] == 1
 
 
 def test_sm90_backward_leaves_other_calls_to_the_portable_one(fake):
