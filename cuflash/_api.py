@@ -978,37 +978,35 @@ class _Repeat:
                 if len(self.filled) >= 16:  # (a bound: a loop cycles through a few)
                     self.filled.clear()
                 self.filled[seen] = filled = bytes(filled)
-            self._launch(filled, cupy.cuda.get_current_stream().ptr)
+            if not self._launch(filled, cupy.cuda.get_current_stream().ptr):
+                return None
         return out, lse
 
-    def _launch(self, filled, stream: int) -> None:
+    def _launch(self, filled, stream: int) -> bool:
         """The kernel on the parameter bytes `filled`, on the stream whose handle is given
-        (the launch's device current)."""
+        (the launch's device current); False, launching nothing, where its split tail has no
+        buffers to be had (_tail_buffers)."""
         if self.tail is not None:
-            cupy = _cupy()
             sizes, offsets = self.tail
-            filled = _with_addresses(filled, offsets,
-                                     _tail_buffers(cupy, self.device_id, stream, sizes))
+            buffers = _tail_buffers(_cupy(), self.device_id, stream, sizes)
+            if buffers is None:
+                return False
+            filled = _with_addresses(filled, offsets, buffers)
         _launch_struct(self.params, filled, self.launches, stream)
+        return True
 
     def _launch_kept(self, cupy, seen) -> bool:
         """The bytes kept for the five addresses `seen`, launched on the current stream
         (the launch's device current); False where none are kept for them."""
         filled = self.filled.get(seen)
-        if filled is None:
-            return False
-        self._launch(filled, cupy.cuda.get_current_stream().ptr)
-        return True
+        return filled is not None and self._launch(filled, cupy.cuda.get_current_stream().ptr)
 
     def replay(self, filled, stream: int) -> bool:
         """Launch on `filled` (bytes that run() packed and kept for a set of addresses) and
         `stream`, with no check at all: for a caller that keeps them by those addresses
         (cuflash.jax's forward callback). False, launching nothing, where this thread's
         current CUDA context is not the launch's device's."""
-        if not self.kernel.is_current():
-            return False
-        self._launch(filled, stream)
-        return True
+        return self.kernel.is_current() and self._launch(filled, stream)
 
     def _overlap(self, q, k, v, out, lse) -> bool:
         """Whether a given output shares bytes with an input or with the other output
@@ -1090,10 +1088,14 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
         split_tail = not (causal or local or hooked or _allocating_nothing())
         shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail)
         grid, per_unit, tail = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
-        if tail:  # (the split tail's buffers: fa2_forward_sm90.cu)
-            parts, flags = _tail_buffers(cupy, device_id, cupy.cuda.get_current_stream().ptr,
+        buffers = tail and _tail_buffers(cupy, device_id, cupy.cuda.get_current_stream().ptr,
                                          _registry.sm90_tail_buffers(cfg, grid[0]))
-            features = dict(features, tail_tiles=tail, tail_parts=parts, tail_flags=flags)
+        if buffers:  # (the split tail's: fa2_forward_sm90.cu)
+            features = dict(features, tail_tiles=tail, tail_parts=buffers[0],
+                            tail_flags=buffers[1])
+        elif tail:  # (none to be had on a stream being captured: whole tiles, not kept)
+            shape_key, record = shape_key[:-1] + (False,), None
+            grid, per_unit, tail = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + {cfg.consumers} consumer "
               f"warpgroups): "
@@ -1150,16 +1152,20 @@ _PER_THREAD_STREAM = 2  # cudaStreamPerThread
 
 
 def _tail_buffers(cupy, device_id: int, stream: int, sizes: tuple,
-                  family: str = "forward") -> tuple:
+                  family: str = "forward") -> tuple | None:
     """The addresses of a split-tail launch's float32 and int32 buffers on the stream whose
     handle is given (the device current); sizes: _registry.sm90_tail_buffers's (the
     forward's) or sm90_backward_tail_buffers's (family "backward": its own buffers, whose
-    floats must be zero where the forward's are left dirty)."""
+    floats must be zero where the forward's are left dirty). None where they would have to
+    be allocated while the stream is being captured into a CUDA graph: the graph would hold
+    their zeroing instead of running it, and later launches would find them dirty."""
     n_parts, n_flags = sizes
     key = (family, device_id, stream,
            threading.get_ident() if stream == _PER_THREAD_STREAM else None)
     kept = _tail_kept.get(key)
     if kept is None or kept[0].size < n_parts or kept[1].size < n_flags:
+        if _capturing(cupy, stream):  # (None: the caller launches without its split tail)
+            return None
         if kept is not None:
             n_parts, n_flags = max(n_parts, kept[0].size), max(n_flags, kept[1].size)
             del _tail_kept[key]
@@ -1173,6 +1179,12 @@ def _tail_buffers(cupy, device_id: int, stream: int, sizes: tuple,
             kept = _tail_kept[key] = (cupy.zeros(n_parts, dtype=np.float32),
                                       cupy.zeros(n_flags, dtype=np.int32))
     return kept[0].data.ptr, kept[1].data.ptr
+
+
+def _capturing(cupy, stream: int) -> bool:
+    """Whether the stream whose handle is given is being captured into a CUDA graph."""
+    query = getattr(cupy.cuda.runtime, "streamIsCapturing", None)
+    return query is not None and query(stream) != 0
 
 
 _portable_only = False
@@ -1617,7 +1629,8 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
     if maps is None:
         return False
     sms = int(_device_properties(cupy, device_id)["multiProcessorCount"])
-    grid = _registry.sm90_backward_grid(cfg, seqlen_k, nheads_k, batch, causal, ordered, sms)
+    grid = _registry.sm90_backward_grid(cfg, seqlen_k, nheads_k, batch, causal, ordered, sms,
+                                        local, packed is not None)
     stream = cupy.cuda.get_current_stream().ptr
     tail = {"tail_whole": 0, "tail_parts": 1}
     if not (causal or local or ordered or packed is not None):
@@ -1628,12 +1641,15 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
         whole, parts = (tiles, 1) if scratch is not None or _allocating_nothing() else \
             _registry.sm90_backward_split(tiles, -(-seqlen_q // cfg.B_r) * (nheads // nheads_k),
                                           sms)
+        buffers = parts > 1 and _tail_buffers(
+            cupy, device_id, stream, _registry.sm90_backward_tail_buffers(cfg, whole, tiles),
+            "backward")
+        if not buffers:  # (none to be had on a stream being captured: whole tiles)
+            whole, parts = tiles, 1
         grid = (whole + (tiles - whole) * parts, 1, 1)
         tail = {"tail_whole": whole, "tail_parts": parts}
-        if parts > 1:
-            tail["tail_acc"], tail["tail_flags"] = _tail_buffers(
-                cupy, device_id, stream,
-                _registry.sm90_backward_tail_buffers(cfg, whole, tiles), "backward")
+        if buffers:
+            tail["tail_acc"], tail["tail_flags"] = buffers
     s_ = _scratch_arrays(cupy, _sm90_backward_scratch(cfg, batch, nheads, nheads_k, seqlen_q,
                                                       ordered, total_q), scratch)
     if packed is None:

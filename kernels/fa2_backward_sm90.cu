@@ -155,26 +155,36 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     const int nheads = p.nheads;
     // (dense: dQ_accum's row blocks per (batch, head); packed: unused, see row_block_index)
     const int T_r = (p.seqlen_q + B_r - 1) / B_r;
-    // The block's column block j, kv head and batch entry: grid (T_c, kv heads, batch), one
-    // block per column block. ORDERED (the deterministic mode, as fa2_backward.cu's): the
+    // The block's column block j, kv head and batch entry; one block per column block.
+    // Grid (T_c, kv heads, batch), blocks started in index order as SMs free up, column
+    // blocks fastest, so that the blocks that run at once share their head's Q_i and dO_i in
+    // L2. BY_COLUMN (the causal mask alone, dense, not ORDERED): grid (kv heads, T_c, batch),
+    // each batch entry's tiles column block by column block. Causal column block j sees
+    // about T_r - j B_c / B_r row blocks, so each entry hands its longest tiles out first and
+    // its shortest last, and the blocks' last round ends level (with j fastest, the last
+    // pair's longest tile started near the end: cuflash/_registry.py, sm90_backward_grid).
+    // Read from blockIdx, not computed: held through the step loop, computed indices spilled
+    // the d 128 causal consumers 8-12 bytes.
+    // SPLIT (dense, no mask, no window, not ORDERED): a 1-d grid over the T_c x kv heads x
+    // batch tiles, j fastest; the tiles from p.tail_whole on come as p.tail_parts blocks
+    // each, part `part` taking its share of the tile's steps (the split tail, below).
+    // ORDERED (the deterministic mode, as fa2_backward.cu's): the
     // additions into each row block of dQ_accum go in a fixed order, column blocks right to
     // left (rank n_i - 1 - j, n_i = column_blocks(i).end; rank 0 stores), each waiting for the
     // turn counter of its (batch, head, row block) in p.dq_order to reach its rank (times the
     // dQ groups per step: each group's reduction counts once it has completed). A block takes
     // j = T_c - 1 - x for a ticket x drawn from its (batch, kv head)'s counter when it starts,
     // so that it waits only on blocks that started before it (CUDA promises no start order).
-    // Non-causal, the grid is (H, T_c, batch x kv heads / H): the (batch, kv head) pairs f =
-    // blockIdx.z H + blockIdx.x in groups of H, a group's blocks started column rank by column
-    // rank, so that about SMs / H blocks of each pair run at once. Those share Q_i, dO_i and
-    // dQ_accum's row blocks in L2 but trail each other by a turn, as all start at row block 0;
-    // the host picks H (_registry.ordered_wave_heads). H = all pairs: every pair's block x
-    // starts before any block x + 1 (no trailing, but nothing shared in L2: ncu, session 15).
-    // SPLIT (the split tail, below: dense batches without a mask or a window, not ORDERED):
-    // a 1-d grid over the tiles (column block j, kv head, batch), j fastest; the tiles from
-    // p.tail_whole on come as p.tail_parts blocks each, part `part` taking its share of the
-    // tile's steps.
+    // Grid (T_c, kv heads, batch); without the causal mask (H, T_c, batch x kv heads / H): the
+    // (batch, kv head) pairs f = blockIdx.z H + blockIdx.x in groups of H, a group's blocks
+    // started column rank by column rank, so that about SMs / H blocks of each pair run at
+    // once. Those share Q_i, dO_i and dQ_accum's row blocks in L2 but trail each other by a
+    // turn, as all start at row block 0; the host picks H (_registry.ordered_wave_heads).
+    // H = all pairs: every pair's block x starts before any block x + 1 (no trailing, but
+    // nothing shared in L2: ncu, session 15).
     constexpr bool BY_HEAD = ORDERED && !MaskT::CAUSAL;
     constexpr bool SPLIT = !ORDERED && !SeqT::PACKED && !MaskT::CAUSAL && !MaskT::LOCAL;
+    constexpr bool BY_COLUMN = !ORDERED && !SeqT::PACKED && MaskT::CAUSAL && !MaskT::LOCAL;
     const int kv_heads = nheads / p.group, f = blockIdx.z * gridDim.x + blockIdx.x;
     const int T_c = (p.seqlen_k + B_c - 1) / B_c;
     // (a function of blockIdx, called again after the step loop: kept through it, the values
@@ -191,9 +201,12 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         return b;
     };
     const auto [tile, part, parts] = split_block();
-    const int head_k = SPLIT ? tile / T_c % kv_heads : BY_HEAD ? f % kv_heads : blockIdx.y;
+    const int head_k = SPLIT       ? tile / T_c % kv_heads
+                       : BY_HEAD   ? f % kv_heads
+                       : BY_COLUMN ? blockIdx.x
+                                   : blockIdx.y;
     const int batch = SPLIT ? tile / T_c / kv_heads : BY_HEAD ? f / kv_heads : blockIdx.z;
-    int j = SPLIT ? tile % T_c : blockIdx.x;
+    int j = SPLIT ? tile % T_c : BY_COLUMN ? blockIdx.y : blockIdx.x;
     if constexpr (ORDERED) {
         if (tid == 0) {
             const int nbatch = BY_HEAD ? gridDim.x * gridDim.z / kv_heads : gridDim.z;

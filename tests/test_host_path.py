@@ -728,8 +728,9 @@ def test_sm90_backward_packs_one_struct_for_its_three_kernels(fake, causal, d, d
     T_c = -(-517 // cfg.B_c)
     # (without a mask, deterministic or not: a 1-d grid over the tiles, the split tail's;
     # unsplit here, as a call on a given arena allocates nothing)
-    assert main[1] == ((4, T_c, 1) if deterministic and not causal else (T_c, 2, 2) if causal
-                       else (T_c * 4, 1, 1))
+    # causal, not deterministic: (kv heads, column blocks, batch), the longest tiles first
+    assert main[1] == ((4, T_c, 1) if deterministic and not causal else (T_c, 2, 2)
+                       if deterministic else (2, T_c, 2) if causal else (T_c * 4, 1, 1))
     assert main[4]["tail_parts"] == 1
     assert main[2] == 384
     assert main[3] == cfg.smem_bytes
@@ -827,6 +828,41 @@ def test_sm90_backward_passes_the_split_tail(fake, options, split):
         _api.backward(dout, q, k, v, out, lse, **options)
     main = [launch for launch in fake if "fa2_backward_sm90<" in launch[0]][0]
     assert main[1] == (136, 1, 1) and main[4]["tail_parts"] == 1
+
+
+def test_split_tails_stay_off_while_a_stream_is_captured(fake):
+    """A stream being captured into a CUDA graph with no split-tail buffers kept for it: the
+    forward and the backward launch whole tiles and allocate none (the graph would hold their
+    zeroing instead of running it, and later launches would find them dirty); the forward's
+    repeat falls back to the full path. Outside the capture both split, and a capture then
+    uses the buffers kept."""
+    q, k, v = _qkv(1, 1024, 1024, 17, 17, 128)  # backward: 136 tiles on 132 SMs
+    dout = FakeArray(np.ones(q.shape, np.float16))
+    qf, kf, vf = _qkv(2, 128 * 70, 6001, 2, 2, 128, BF16)  # forward: 280 tiles
+    runtime = _api._cupy().cuda.runtime
+    runtime.streamIsCapturing = lambda stream: 1
+    try:
+        for _ in range(3):  # (the third: the repeat path)
+            _api.forward(qf, kf, vf)
+        out, lse = _api.forward(q, k, v)
+        _api.backward(dout, q, k, v, out, lse)
+        assert not _api._tail_kept
+        assert all(p["tail_tiles"] == 0 for name, *_, p in fake if "forward_sm90<" in name)
+        mains = [p for name, *_, p in fake if "fa2_backward_sm90<" in name]
+        assert [p["tail_parts"] for p in mains] == [1]
+        del fake[:]
+        runtime.streamIsCapturing = lambda stream: 0
+        _api.forward(qf, kf, vf)
+        _api.backward(dout, q, k, v, out, lse)
+        runtime.streamIsCapturing = lambda stream: 1
+        _api.forward(qf, kf, vf)
+        _api.backward(dout, q, k, v, out, lse)
+    finally:
+        del runtime.streamIsCapturing
+    assert len(_api._tail_kept) == 2
+    fwd = [p["tail_tiles"] for name, *_, p in fake if "forward_sm90<" in name]
+    assert fwd == [132 + 280 % 132] * 2
+    assert [p["tail_parts"] for name, *_, p in fake if "fa2_backward_sm90<" in name] == [16] * 2
 
 
 def test_sm90_backward_leaves_other_calls_to_the_portable_one(fake):

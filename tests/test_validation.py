@@ -179,6 +179,14 @@ def test_ordered_wave_heads():
         (T_c, 16, 8)
     assert _registry.sm90_backward_grid(cfg, 2048, 16, 8, False, False, 132) == \
         (T_c, 16, 8)
+    # the causal mask alone, not ordered: (kv heads, column blocks, batch), the longest first
+    assert _registry.sm90_backward_grid(cfg, 2048, 16, 8, True, False, 132) == (16, T_c, 8)
+    assert _registry.sm90_backward_grid(cfg, 2048, 16, 8, True, False, 132, local=True) == \
+        (T_c, 16, 8)
+    assert _registry.sm90_backward_grid(cfg, 2048, 16, 8, True, False, 132, packed=True) == \
+        (T_c, 16, 8)
+    with pytest.raises(ValueError, match="at most 65535 key blocks"):
+        _registry.sm90_backward_grid(cfg, 65536 * cfg.B_c, 1, 1, True, False, 132)
 
 
 def test_backward_tile_pitch():
