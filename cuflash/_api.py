@@ -1144,8 +1144,8 @@ def _sm90_grid(cupy, shape_key: tuple):
 # after the other and can share them; another stream has its own. Grown where a launch needs
 # more; at most _TAIL_STREAMS kept, the oldest let go. Letting go is safe with
 # launches still queued: CuPy's pool hands a freed block out again only on the stream it
-# was allocated on, behind them. (A CUDA graph that holds a split-tail launch must not be
-# replayed on two streams at once: its launches share one stream's buffers.)
+# was allocated on, behind them. A launch captured into a CUDA graph takes no split tail
+# (_tail_buffers), so no graph holds these buffers.
 _tail_kept: dict = {}
 _TAIL_STREAMS = 16
 _PER_THREAD_STREAM = 2  # cudaStreamPerThread
@@ -1156,16 +1156,17 @@ def _tail_buffers(cupy, device_id: int, stream: int, sizes: tuple,
     """The addresses of a split-tail launch's float32 and int32 buffers on the stream whose
     handle is given (the device current); sizes: _registry.sm90_tail_buffers's (the
     forward's) or sm90_backward_tail_buffers's (family "backward": its own buffers, whose
-    floats must be zero where the forward's are left dirty). None where they would have to
-    be allocated while the stream is being captured into a CUDA graph: the graph would hold
-    their zeroing instead of running it, and later launches would find them dirty."""
+    floats must be zero where the forward's are left dirty). None while the stream is being
+    captured into a CUDA graph: buffers allocated then would have their zeroing held in the
+    graph instead of run, and kept ones may be grown or let go (freed) while the graph still
+    names them, or used by launches on the stream while a replay runs elsewhere."""
     n_parts, n_flags = sizes
     key = (family, device_id, stream,
            threading.get_ident() if stream == _PER_THREAD_STREAM else None)
+    if _capturing(cupy, stream):  # (None: the caller launches without its split tail)
+        return None
     kept = _tail_kept.get(key)
     if kept is None or kept[0].size < n_parts or kept[1].size < n_flags:
-        if _capturing(cupy, stream):  # (None: the caller launches without its split tail)
-            return None
         if kept is not None:
             n_parts, n_flags = max(n_parts, kept[0].size), max(n_flags, kept[1].size)
             del _tail_kept[key]
@@ -1182,9 +1183,13 @@ def _tail_buffers(cupy, device_id: int, stream: int, sizes: tuple,
 
 
 def _capturing(cupy, stream: int) -> bool:
-    """Whether the stream whose handle is given is being captured into a CUDA graph."""
+    """Whether the stream whose handle is given is being captured into a CUDA graph (or the
+    query fails, as it does for an invalidated capture: taken as capturing)."""
     query = getattr(cupy.cuda.runtime, "streamIsCapturing", None)
-    return query is not None and query(stream) != 0
+    try:
+        return query is not None and bool(query(stream))
+    except Exception:  # (CUDARuntimeError, RuntimeError: a capture gone wrong)
+        return True
 
 
 _portable_only = False
@@ -1599,8 +1604,9 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
     explicit Sm90BackwardConfig (the bench's), else the table's. packed: a variable-length
     batch (_backward's; (1, total, heads, d) views), the PackedSeq kernels. Returns False,
     launching nothing, where the head dim (with the hook: _plan.sm90_backward_buckets) takes
-    the portable backward, TMA cannot describe q, k, v or dout, or a packed batch comes
-    with deterministic=True or a scratch arena."""
+    the portable backward, TMA cannot describe q, k, v or dout, a packed batch comes
+    with deterministic=True or a scratch arena, or a causal call has more column blocks than
+    its grid's y dimension holds."""
     causal, local, ordered, hooked = kind
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -1628,6 +1634,9 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
                      (cfg.B_r, cfg.B_c, cfg.B_c, cfg.B_r), bind=main.bind_thread)
     if maps is None:
         return False
+    if causal and not (ordered or local or packed is not None) and \
+            -(-seqlen_k // cfg.B_c) > _registry.GRID_YZ_MAX:
+        return False  # (its grid holds the column blocks in y: the portable backward runs)
     sms = int(_device_properties(cupy, device_id)["multiProcessorCount"])
     grid = _registry.sm90_backward_grid(cfg, seqlen_k, nheads_k, batch, causal, ordered, sms,
                                         local, packed is not None)

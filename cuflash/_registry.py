@@ -261,8 +261,9 @@ def sm90_backward_grid(cfg, seqlen_k: int, nheads_k: int, batch: int, causal: bo
     T_c = (seqlen_k + cfg.B_c - 1) // cfg.B_c
     if causal and not (ordered or local or packed):
         if T_c > GRID_YZ_MAX:
-            raise ValueError(f"the causal backward handles at most {GRID_YZ_MAX} key blocks "
-                             f"of {cfg.B_c} ({T_c} here): use shorter key sequences")
+            raise ValueError(f"the Hopper backward's causal grid holds at most {GRID_YZ_MAX} "
+                             f"key blocks of {cfg.B_c} ({T_c} here; _api runs the portable "
+                             "backward for such calls)")
         return (nheads_k, T_c, batch)
     if not ordered or causal:
         return backward_grid(T_c, nheads_k, batch, causal, ordered)

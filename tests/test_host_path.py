@@ -831,11 +831,11 @@ def test_sm90_backward_passes_the_split_tail(fake, options, split):
 
 
 def test_split_tails_stay_off_while_a_stream_is_captured(fake):
-    """A stream being captured into a CUDA graph with no split-tail buffers kept for it: the
-    forward and the backward launch whole tiles and allocate none (the graph would hold their
-    zeroing instead of running it, and later launches would find them dirty); the forward's
-    repeat falls back to the full path. Outside the capture both split, and a capture then
-    uses the buffers kept."""
+    """A stream being captured into a CUDA graph: the forward and the backward launch whole
+    tiles and allocate no split-tail buffers (the graph would hold their zeroing instead of
+    running it); the forward's repeat falls back to the full path. Outside the capture both
+    split; captured again, they leave the kept buffers out too (grown or let go later, they
+    would be freed under the graph), and a query that fails counts as a capture."""
     q, k, v = _qkv(1, 1024, 1024, 17, 17, 128)  # backward: 136 tiles on 132 SMs
     dout = FakeArray(np.ones(q.shape, np.float16))
     qf, kf, vf = _qkv(2, 128 * 70, 6001, 2, 2, 128, BF16)  # forward: 280 tiles
@@ -854,15 +854,37 @@ def test_split_tails_stay_off_while_a_stream_is_captured(fake):
         runtime.streamIsCapturing = lambda stream: 0
         _api.forward(qf, kf, vf)
         _api.backward(dout, q, k, v, out, lse)
-        runtime.streamIsCapturing = lambda stream: 1
+        runtime.streamIsCapturing = lambda stream: True
+        _api.forward(qf, kf, vf)
+        _api.backward(dout, q, k, v, out, lse)
+
+        def failing(stream):
+            raise RuntimeError("cudaErrorStreamCaptureInvalidated")
+        runtime.streamIsCapturing = failing
         _api.forward(qf, kf, vf)
         _api.backward(dout, q, k, v, out, lse)
     finally:
         del runtime.streamIsCapturing
     assert len(_api._tail_kept) == 2
     fwd = [p["tail_tiles"] for name, *_, p in fake if "forward_sm90<" in name]
-    assert fwd == [132 + 280 % 132] * 2
-    assert [p["tail_parts"] for name, *_, p in fake if "fa2_backward_sm90<" in name] == [16] * 2
+    assert fwd == [132 + 280 % 132, 0, 0]
+    assert [p["tail_parts"] for name, *_, p in fake if "fa2_backward_sm90<" in name] == \
+        [16, 1, 1]
+
+
+def test_sm90_causal_backward_past_its_grid_takes_the_portable_one(fake, monkeypatch):
+    """The Hopper backward's causal grid holds the column blocks in y (at most 65535; here
+    lowered to 4): a causal call with more runs the portable backward, deterministic or not,
+    and a call within the limit the Hopper one."""
+    monkeypatch.setattr(_registry, "GRID_YZ_MAX", 4)
+    for sk, hopper in ((512, True), (513, False)):
+        q, k, v = _qkv(1, 300, sk, 2, 2, 64)
+        dout = FakeArray(np.ones(q.shape, np.float16))
+        out = FakeArray(np.ones(q.shape, np.float16))
+        lse = FakeArray(np.zeros((1, 2, 300), np.float32))
+        del fake[:]
+        _api.backward(dout, q, k, v, out, lse, causal=True)
+        assert ("fa2_backward_sm90<" in fake[1][0]) == hopper, sk
 
 
 def test_sm90_backward_leaves_other_calls_to_the_portable_one(fake):

@@ -185,7 +185,7 @@ def test_ordered_wave_heads():
         (T_c, 16, 8)
     assert _registry.sm90_backward_grid(cfg, 2048, 16, 8, True, False, 132, packed=True) == \
         (T_c, 16, 8)
-    with pytest.raises(ValueError, match="at most 65535 key blocks"):
+    with pytest.raises(ValueError, match="holds at most 65535 key blocks"):
         _registry.sm90_backward_grid(cfg, 65536 * cfg.B_c, 1, 1, True, False, 132)
 
 
