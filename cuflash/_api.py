@@ -1078,6 +1078,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
                          bind=kernel.bind_thread)  # (encoding needs the context current)
     if maps is None:
         return False
+    tail_sizes = None  # (the split tail's buffer sizes, where it splits)
     if packed:  # tiles handed out in turn from a counter at zero (fa2_forward_sm90.cu)
         counter = cupy.zeros(1, dtype=np.int32)
         features = dict(features, tile_counter=counter.data.ptr)
@@ -1088,13 +1089,15 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
         split_tail = not (causal or local or hooked or _allocating_nothing())
         shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail)
         grid, per_unit, tail = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
+        if tail:
+            tail_sizes = _registry.sm90_tail_buffers(cfg, grid[0])
         buffers = tail and _tail_buffers(cupy, device_id, cupy.cuda.get_current_stream().ptr,
-                                         _registry.sm90_tail_buffers(cfg, grid[0]))
+                                         tail_sizes)
         if buffers:  # (the split tail's: fa2_forward_sm90.cu)
             features = dict(features, tail_tiles=tail, tail_parts=buffers[0],
                             tail_flags=buffers[1])
         elif tail:  # (none to be had on a stream being captured: whole tiles, not kept)
-            shape_key, record = shape_key[:-1] + (False,), None
+            shape_key, record, tail_sizes = shape_key[:-1] + (False,), None, None
             grid, per_unit, tail = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + {cfg.consumers} consumer "
@@ -1118,9 +1121,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
         kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, params)
         if record is not None:
             record.append((kernel, grid, cfg.threads, cfg.smem_bytes, params, bytes(params.buf),
-                           (qkv_strides, dtype_name, cfg.B_r, cfg.B_c),
-                           _registry.sm90_tail_buffers(cfg, grid[0])
-                           if features.get("tail_tiles") else None))
+                           (qkv_strides, dtype_name, cfg.B_r, cfg.B_c), tail_sizes))
     return True
 
 
@@ -1160,11 +1161,11 @@ def _tail_buffers(cupy, device_id: int, stream: int, sizes: tuple,
     captured into a CUDA graph: buffers allocated then would have their zeroing held in the
     graph instead of run, and kept ones may be grown or let go (freed) while the graph still
     names them, or used by launches on the stream while a replay runs elsewhere."""
+    if _capturing(cupy, stream):  # (None: the caller launches without its split tail)
+        return None
     n_parts, n_flags = sizes
     key = (family, device_id, stream,
            threading.get_ident() if stream == _PER_THREAD_STREAM else None)
-    if _capturing(cupy, stream):  # (None: the caller launches without its split tail)
-        return None
     kept = _tail_kept.get(key)
     if kept is None or kept[0].size < n_parts or kept[1].size < n_flags:
         if kept is not None:
@@ -1634,15 +1635,15 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
                      (cfg.B_r, cfg.B_c, cfg.B_c, cfg.B_r), bind=main.bind_thread)
     if maps is None:
         return False
-    if causal and not (ordered or local or packed is not None) and \
-            -(-seqlen_k // cfg.B_c) > _registry.GRID_YZ_MAX:
+    tiles_kind = _registry.sm90_backward_tiles(causal, local, ordered, packed is not None)
+    if tiles_kind == "by_column" and -(-seqlen_k // cfg.B_c) > _registry.GRID_YZ_MAX:
         return False  # (its grid holds the column blocks in y: the portable backward runs)
     sms = int(_device_properties(cupy, device_id)["multiProcessorCount"])
     grid = _registry.sm90_backward_grid(cfg, seqlen_k, nheads_k, batch, causal, ordered, sms,
                                         local, packed is not None)
     stream = cupy.cuda.get_current_stream().ptr
     tail = {"tail_whole": 0, "tail_parts": 1}
-    if not (causal or local or ordered or packed is not None):
+    if tiles_kind == "split":
         # a 1-d grid over the tiles, the last ones split by row steps where the last round of
         # blocks is part empty (fa2_backward_sm90.cu, the split tail; not where the call is
         # to allocate nothing: its buffers are the stream's, allocated on first use)

@@ -238,6 +238,17 @@ def sm90_backward_plan(dtype_name: str, d: int, causal: bool, config=None,
                 {"pre": 0, "main": cfg.smem_bytes, "dq": 0})
 
 
+def sm90_backward_tiles(causal: bool, local: bool, ordered: bool, packed: bool) -> str:
+    """How the Hopper backward's main kernel takes its tiles, by the conditions of
+    fa2_backward_sm90.cu's SPLIT and BY_COLUMN: "split", a 1-d grid whose last tiles may be
+    split by row steps (dense, no mask, no window, not ordered: sm90_backward_split);
+    "by_column", (kv heads, column blocks, batch) (the causal mask alone, dense, not
+    ordered: sm90_backward_grid); else "grid" (backward_grid's, or the ordered one)."""
+    if ordered or local or packed:
+        return "grid"
+    return "by_column" if causal else "split"
+
+
 def sm90_backward_grid(cfg, seqlen_k: int, nheads_k: int, batch: int, causal: bool = False,
                        ordered: bool = False, sms: int = 132, local: bool = False,
                        packed: bool = False) -> tuple:
@@ -259,7 +270,7 @@ def sm90_backward_grid(cfg, seqlen_k: int, nheads_k: int, batch: int, causal: bo
     the (batch, kv head) pairs in groups of H (ordered_wave_heads), each group's blocks
     started column rank by column rank (the same limit on T_c as backward_grid's)."""
     T_c = (seqlen_k + cfg.B_c - 1) // cfg.B_c
-    if causal and not (ordered or local or packed):
+    if sm90_backward_tiles(causal, local, ordered, packed) == "by_column":
         if T_c > GRID_YZ_MAX:
             raise ValueError(f"the Hopper backward's causal grid holds at most {GRID_YZ_MAX} "
                              f"key blocks of {cfg.B_c} ({T_c} here; _api runs the portable "

@@ -174,6 +174,13 @@ def _qkv(b, sq, sk, h, hk, d, dtype=np.float16):
             FakeArray(rng.standard_normal((b, sk, hk, d)).astype(dtype)))
 
 
+def _dout_out_lse(q):
+    """dout and out (ones) and lse (zeros) for a dense backward call on q's shape."""
+    b, sq, h, _ = q.shape
+    return (FakeArray(np.ones(q.shape, np.float16)), FakeArray(np.ones(q.shape, np.float16)),
+            FakeArray(np.zeros((b, h, sq), np.float32)))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d,sk", [(64, 700), (64, 5000), (128, 300), (96, 1000)])
 def test_forward_packs_every_field_and_plans_the_grid(fake, causal, d, sk):
@@ -802,9 +809,7 @@ def test_sm90_backward_passes_the_split_tail(fake, options, split):
     of one step each; the buffers the stream's (kept: a second call gets the same ones, zeroed
     once). Allocating nothing (cuflash.jax's callbacks): the same grid, unsplit."""
     q, k, v = _qkv(1, 1024, 1024, 17, 17, 128)  # 8 column blocks x 17 heads, 16 row blocks
-    dout = FakeArray(np.ones(q.shape, np.float16))
-    out = FakeArray(np.ones(q.shape, np.float16))
-    lse = FakeArray(np.zeros((1, 17, 1024), np.float32))
+    dout, out, lse = _dout_out_lse(q)
     for _ in range(2):
         _api.backward(dout, q, k, v, out, lse, **options)
     mains = [launch for launch in fake if "fa2_backward_sm90<" in launch[0]]
@@ -879,9 +884,7 @@ def test_sm90_causal_backward_past_its_grid_takes_the_portable_one(fake, monkeyp
     monkeypatch.setattr(_registry, "GRID_YZ_MAX", 4)
     for sk, hopper in ((512, True), (513, False)):
         q, k, v = _qkv(1, 300, sk, 2, 2, 64)
-        dout = FakeArray(np.ones(q.shape, np.float16))
-        out = FakeArray(np.ones(q.shape, np.float16))
-        lse = FakeArray(np.zeros((1, 2, 300), np.float32))
+        dout, out, lse = _dout_out_lse(q)
         del fake[:]
         _api.backward(dout, q, k, v, out, lse, causal=True)
         assert ("fa2_backward_sm90<" in fake[1][0]) == hopper, sk
@@ -891,9 +894,7 @@ def test_sm90_backward_leaves_other_calls_to_the_portable_one(fake):
     """d 256 and d 59: the portable backward, on an sm_90 GPU too."""
     for d in (256, 59):
         q, k, v = _qkv(1, 200, 200, 2, 2, d)
-        dout = FakeArray(np.ones(q.shape, np.float16))
-        out = FakeArray(np.ones(q.shape, np.float16))
-        lse = FakeArray(np.zeros((1, 2, 200), np.float32))
+        dout, out, lse = _dout_out_lse(q)
         del fake[:]
         _api.backward(dout, q, k, v, out, lse, causal=True)
         assert "fa2_backward<" in fake[1][0], d
@@ -908,9 +909,7 @@ def test_sm90_backward_takes_the_hook(fake, d):
     for kwargs in ({"softcap": 20.0}, {"alibi_slopes": slopes},
                    {"softcap": 20.0, "alibi_slopes": slopes, "deterministic": True}):
         q, k, v = _qkv(1, 200, 200, 2, 2, d)
-        dout = FakeArray(np.ones(q.shape, np.float16))
-        out = FakeArray(np.ones(q.shape, np.float16))
-        lse = FakeArray(np.zeros((1, 2, 200), np.float32))
+        dout, out, lse = _dout_out_lse(q)
         del fake[:]
         _api.backward(dout, q, k, v, out, lse, causal=True, **kwargs)
         ordered = kwargs.get("deterministic", False)
