@@ -371,11 +371,12 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     // acc += A B, A the A fragments `a` of an accumulator of S^T's shape (P^T or dS^T; n8
     // tiles 2 kk, 2 kk + 1 are k-step kk's), B the B_r rows of dO_i or Q_i (b_rows), N-major:
     // B_r / 16 k-steps of m64 n HD k16, k-step kk 16 rows down
+    // (k-steps [k0, k1) only, where given: a product issued in two commit groups)
     auto issue_packed_by_rows = [&](float (&acc)[NT_D][4], const unsigned (&a)[B_r / 16][4],
-                                    unsigned b_rows) {
+                                    unsigned b_rows, int k0 = 0, int k1 = Tile::B_r / 16) {
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < B_r / 16; ++kk)
+        for (int kk = k0; kk < k1; ++kk)
             Wgmma<T, HD>::rs(acc, a[kk], smem_desc(b_rows + kk * 16 * 128, B_r * 128, 1024), 1);
         wgmma_commit();
     };
@@ -526,9 +527,24 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                 dpt[nt][2 * e2 + 1] = st[nt][2 * e2 + 1] * (dpt[nt][2 * e2 + 1] - dr.y);
             }
         }
-        // dK_j += dS^T Q_i (as dV, Q_i N-major)
+        // dK_j += dS^T Q_i (as dV, Q_i N-major). Its first DK_EARLY of B_r / 16 k-steps now,
+        // the rest after dQ's product (DK_SPLIT), so that dQ's result is read and stored while
+        // they run: a wait for dQ at the step's end left the tensor cores without work there
+        // (ncu, session 14), and the next step's products could not start before that store.
+        // As few early k-steps as compile spill-free (session 22: none where dQ is stored
+        // through shared memory; causal, adding dQ from the registers, 3; the d 128 causal
+        // kernels with the hook spilled 12-20 bytes with any). d 64 (dQ every other step) and
+        // the ordered mode keep dK whole before dQ (the ordered d 128 backward took 2-10% more
+        // time at n 4k-16k with none early: session 22's grid).
+        constexpr int DK_EARLY = GROUPS < CONSUMERS || ORDERED               ? B_r / 16
+                                 : MaskT::CAUSAL && ScoreT::REWRITES         ? B_r / 16
+                                 : MaskT::CAUSAL                             ? 3
+                                                                             : 0;
+        constexpr bool DK_SPLIT = DK_EARLY < B_r / 16;
         unsigned dsa[B_r / 16][4];
-        issue_registers_by_rows(dk, dsa, dpt, sQ(stage));
+#pragma unroll
+        for (int kk = 0; kk < B_r / 16; ++kk) pack_a_fragment<T>(dsa[kk], dpt, kk);
+        if constexpr (DK_EARLY > 0) issue_packed_by_rows(dk, dsa, sQ(stage), 0, DK_EARLY);
 
         // dS^T to shared memory (this consumer's 64 keys x B_r queries, 128-byte swizzle: the
         // 16-byte chunk nt of row r at chunk nt ^ (r % 8)), for dQ_i += dS_ij K_j. The pair of
@@ -564,10 +580,15 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                                     kk > 0);
             wgmma_commit();
         }
-        wgmma_wait<0>();  // dV, dK and dQ are done: the slot and both dS^T are read
-        fence_accumulators(dv);
-        fence_accumulators(dk);
-        release(free_slot(stage));
+        if constexpr (DK_SPLIT) {
+            issue_packed_by_rows(dk, dsa, sQ(stage), DK_EARLY, B_r / 16);
+            wgmma_wait<1>();  // dV, dK's first k-steps and dQ are done (the rest of dK runs)
+        } else {
+            wgmma_wait<0>();  // dV, dK and dQ are done: the slot and both dS^T are read
+            fence_accumulators(dv);
+            fence_accumulators(dk);
+            release(free_slot(stage));
+        }
         if (dq_mine) {
             fence_accumulators(dq);
             if constexpr (DQ_RED) {
@@ -606,6 +627,12 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                 fence_proxy_async_shared();
                 release(dq_full(wg));
             }
+        }
+        if constexpr (DK_SPLIT) {
+            wgmma_wait<0>();  // dK is done too: the slot and both dS^T are read
+            fence_accumulators(dv);
+            fence_accumulators(dk);
+            release(free_slot(stage));
         }
     }
 
