@@ -129,8 +129,9 @@ def test_config_from_shape_reads_the_bench_notation():
     [str(BENCH / "jax_bench.py")],
     [str(BENCH / "ring_bench.py")],
     [str(BENCH.parent / "examples" / "ring_attention.py")],
+    [str(BENCH / "tree_ab.py"), "--others", f"other={BENCH.parent}"],
 ], ids=["bench", "demo", "precompile", "sm90_check", "window_bench", "score_hook_bench",
-        "varlen_bench", "decode_bench", "jax_bench", "ring_bench", "ring_example"])
+        "varlen_bench", "decode_bench", "jax_bench", "ring_bench", "ring_example", "tree_ab"])
 def test_no_gpu_is_said_plainly(cmd):
     """With no GPU visible (CUDA_VISIBLE_DEVICES empty), the bench, the demo and precompile()
     say "no CUDA GPU" instead of failing with a CUDA driver traceback."""
@@ -275,3 +276,31 @@ def test_shards_split_the_suite_into_disjoint_parts_that_cover_it():
     rc, whole = collect()
     assert rc == 0 and len(whole) >= 3
     assert collect("--shard", "2/3") == (0, whole[1::3])
+
+
+def test_tree_ab_loads_another_tree_beside_the_package(tmp_path):
+    """bench/tree_ab.py: another copy of the package (cuflash/ and kernels/ in a folder, as
+    `git archive REV cuflash kernels` makes it) imports under a name of its own beside the
+    working tree's, and reads its own kernels; --others is checked before anything runs."""
+    import shutil
+
+    import cuflash
+    tree_ab = _load("tree_ab")
+    root = BENCH.parent
+    for part in ("cuflash", "kernels"):
+        shutil.copytree(root / part, tmp_path / part,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    assert tree_ab.parse_others(f"old={tmp_path}") == {"old": tmp_path}
+    other = tree_ab.load_tree(tmp_path, "cuflash_tree_ab_test")
+    try:
+        assert Path(other.__file__).resolve() == (tmp_path / "cuflash" / "__init__.py").resolve()
+        assert Path(other._loader.KERNEL_DIR).resolve() == (tmp_path / "kernels").resolve()
+        assert Path(cuflash._loader.KERNEL_DIR).resolve() != (tmp_path / "kernels").resolve()
+        assert other.forward is not cuflash.forward
+    finally:
+        for name in [m for m in sys.modules if m.startswith("cuflash_tree_ab_test")]:
+            del sys.modules[name]
+    for bad in ("old", f"new={tmp_path}", f"cudnn={tmp_path}", f"a b={tmp_path}",
+                f"x={tmp_path / 'missing'}", f"x={tmp_path},x={tmp_path}"):
+        with pytest.raises(ValueError, match="--others"):
+            tree_ab.parse_others(bad)
