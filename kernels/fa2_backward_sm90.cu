@@ -580,14 +580,18 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                                     kk > 0);
             wgmma_commit();
         }
+        // (once every product of the step is done: the slot and both dS^T are read)
+        auto step_done = [&] {
+            fence_accumulators(dv);
+            fence_accumulators(dk);
+            release(free_slot(stage));
+        };
         if constexpr (DK_SPLIT) {
             issue_packed_by_rows(dk, dsa, sQ(stage), DK_EARLY, B_r / 16);
             wgmma_wait<1>();  // dV, dK's first k-steps and dQ are done (the rest of dK runs)
         } else {
-            wgmma_wait<0>();  // dV, dK and dQ are done: the slot and both dS^T are read
-            fence_accumulators(dv);
-            fence_accumulators(dk);
-            release(free_slot(stage));
+            wgmma_wait<0>();  // dV, dK and dQ are done
+            step_done();
         }
         if (dq_mine) {
             fence_accumulators(dq);
@@ -629,10 +633,8 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
             }
         }
         if constexpr (DK_SPLIT) {
-            wgmma_wait<0>();  // dK is done too: the slot and both dS^T are read
-            fence_accumulators(dv);
-            fence_accumulators(dk);
-            release(free_slot(stage));
+            wgmma_wait<0>();  // dK is done too
+            step_done();
         }
     }
 
