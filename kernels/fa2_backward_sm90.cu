@@ -251,8 +251,12 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
     // once moved, session 15).
     // Measured on the H200 (session 14, bf16): the reductions 5-10% faster at d 64 and 1-3%
     // causal at d 128, but 4-10% slower at d 128 non-causal, where every column block of a
-    // head adds into the same row block at once, two groups per step.
-    constexpr bool DQ_RED = !ORDERED && (GROUPS < CONSUMERS || MaskT::CAUSAL);
+    // head adds into the same row block at once, two groups per step. With dK's product after
+    // dQ's (DK_EARLY below) the d 128 causal kernels took 0.4-1.9% less time through shared
+    // memory (session 22); those with the hook keep the reductions (through shared memory
+    // they would need dK wholly before dQ, where the reductions measured faster).
+    constexpr bool DQ_RED =
+        !ORDERED && (GROUPS < CONSUMERS || (MaskT::CAUSAL && ScoreT::REWRITES));
     // the dQ tiles consumer c has stored before step t: group (c + t) % CONSUMERS each step
     // while it is < GROUPS (d 128: every step; d 64: every other step, from step c)
     auto dq_tiles_before = [&](int c, int t) {
@@ -531,15 +535,18 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         // the rest after dQ's product (DK_SPLIT), so that dQ's result is read and stored while
         // they run: a wait for dQ at the step's end left the tensor cores without work there
         // (ncu, session 14), and the next step's products could not start before that store.
-        // As few early k-steps as compile spill-free (session 22: none where dQ is stored
-        // through shared memory; causal, adding dQ from the registers, 3; the d 128 causal
-        // kernels with the hook spilled 12-20 bytes with any). d 64 (dQ every other step) and
-        // the ordered mode keep dK whole before dQ (the ordered d 128 backward took 2-10% more
-        // time at n 4k-16k with none early: session 22's grid).
-        constexpr int DK_EARLY = GROUPS < CONSUMERS || ORDERED               ? B_r / 16
-                                 : MaskT::CAUSAL && ScoreT::REWRITES         ? B_r / 16
-                                 : MaskT::CAUSAL                             ? 3
-                                                                             : 0;
+        // None early where that compiles spill-free and measured faster: the kernels without
+        // the hook, causal at d 64 and 128 (0.6-2.0% less time than 4 or 3 early, session 23)
+        // and non-causal at d 128 (4-7%, session 22). The d 64 non-causal kernels keep dK
+        // whole before dQ (1.0-1.3% slower with none early: at d 64 a consumer has dQ every
+        // other step, and then waits for all but dK's k-steps whether or not it had dQ), as do
+        // the causal kernels with the hook (d 128: 12-20 bytes spilled with any early; d 64:
+        // not measured) and the ordered mode (the ordered d 128 backward took 2-10% more time
+        // at n 4k-16k with none early: session 22's grid).
+        constexpr int DK_EARLY = ORDERED || (MaskT::CAUSAL && ScoreT::REWRITES) ||
+                                         (GROUPS < CONSUMERS && !MaskT::CAUSAL)
+                                     ? B_r / 16
+                                     : 0;
         constexpr bool DK_SPLIT = DK_EARLY < B_r / 16;
         unsigned dsa[B_r / 16][4];
 #pragma unroll
