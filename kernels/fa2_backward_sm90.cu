@@ -535,14 +535,14 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         // the rest after dQ's product (DK_SPLIT), so that dQ's result is read and stored while
         // they run: a wait for dQ at the step's end left the tensor cores without work there
         // (ncu, session 14), and the next step's products could not start before that store.
-        // None early where that compiles spill-free and measured faster: the kernels without
-        // the hook, causal at d 64 and 128 (0.6-2.0% less time than 4 or 3 early, session 23)
-        // and non-causal at d 128 (4-7%, session 22). The d 64 non-causal kernels keep dK
-        // whole before dQ (1.0-1.3% slower with none early: at d 64 a consumer has dQ every
-        // other step, and then waits for all but dK's k-steps whether or not it had dQ), as do
-        // the causal kernels with the hook (d 128: 12-20 bytes spilled with any early; d 64:
-        // not measured) and the ordered mode (the ordered d 128 backward took 2-10% more time
-        // at n 4k-16k with none early: session 22's grid).
+        // None early where that compiles spill-free and measured faster: the causal kernels
+        // without the hook at d 64 and 128 (0.6-2.0% less time than 4 or 3 early, session 23)
+        // and every non-causal kernel at d 128 (4-7%, session 22). The d 64 non-causal
+        // kernels keep dK whole before dQ (1.0-1.3% slower with none early: at d 64 a consumer
+        // has dQ every other step, and then waits for all but dK's k-steps whether or not it
+        // had dQ), as do the causal kernels with the hook (d 128: 12-20 bytes spilled with
+        // fewer than all early; d 64: not measured) and the ordered mode (the ordered d 128
+        // backward took 2-10% more time at n 4k-16k with none early: session 22's grid).
         constexpr int DK_EARLY = ORDERED || (MaskT::CAUSAL && ScoreT::REWRITES) ||
                                          (GROUPS < CONSUMERS && !MaskT::CAUSAL)
                                      ? B_r / 16
@@ -595,7 +595,7 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         };
         if constexpr (DK_SPLIT) {
             issue_packed_by_rows(dk, dsa, sQ(stage), DK_EARLY, B_r / 16);
-            wgmma_wait<1>();  // dV, dK's first k-steps and dQ are done (the rest of dK runs)
+            wgmma_wait<1>();  // dV (and dQ where this step has it) is done; dK runs
         } else {
             wgmma_wait<0>();  // dV, dK and dQ are done
             step_done();
