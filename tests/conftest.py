@@ -4,6 +4,7 @@ CUDA device of compute capability >= 8.0 is visible; `slow` tests run only with 
 import os
 import zlib
 
+import numpy as np
 import pytest
 
 # JAX (tests/test_jax.py) would otherwise reserve most of the GPU's memory when it starts,
@@ -37,13 +38,11 @@ def _seeded_generators(request):
     """Seed NumPy's and CuPy's global generators from the test's id before each test, so that a
     test draws the same inputs whichever worker runs it and whatever ran before: an input near
     the accuracy rule's limit then fails every time or never, not now and then."""
-    import numpy as np
     seed = zlib.crc32(request.node.nodeid.encode())
     np.random.seed(seed)
     if GPU_AVAILABLE:
         import cupy
         cupy.random.seed(seed)
-    yield
 
 
 @pytest.fixture(params=["default", "portable"])

@@ -5,7 +5,7 @@
 import sys
 
 import cupy as cp
-import ml_dtypes  # noqa: F401
+import ml_dtypes
 
 sys.path.insert(0, ".")
 import cuflash  # noqa: E402
