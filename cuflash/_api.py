@@ -1699,8 +1699,9 @@ def _sm90_backward_scratch(cfg, batch, nheads, nheads_k, seqlen_q, ordered=False
                            total_q=None) -> _Scratch:
     """The Hopper backward's scratch: D and L log2(e), float32 (batch, heads, rows), and the
     float32 dQ sums (batch, heads, rows, HD) in the kernel's fragment order, rows being
-    seqlen_q rounded up to whole row blocks: zeroed, or (ordered, the deterministic mode,
-    whose first addition into each row block is a store) not, with the zeroed turn counters
+    seqlen_q rounded up to whole row blocks: zeroed by the preprocess (backward_passes.cuh),
+    or (ordered, the deterministic mode, whose first addition into each row block is a store)
+    not at all, with the zeroed turn counters
     (batch, heads, row blocks) and one ticket counter per (batch, kv head). A packed batch
     (total_q rows): D and L log2(e) (heads, ws_blocks x B_r), each entry's row blocks from
     its row_block_offsets, as its dQ sums (_packed_dq_workspace, not here)."""
@@ -1713,7 +1714,8 @@ def _sm90_backward_scratch(cfg, batch, nheads, nheads_k, seqlen_q, ordered=False
     rows = T_r * cfg.B_r
     arrays = [("D", (batch, nheads, rows), f32, False),
               ("L2", (batch, nheads, rows), f32, False),
-              ("dq_accum", (batch, nheads, rows, cfg.HD), f32, not ordered)]
+              ("dq_accum", (batch, nheads, rows, cfg.HD), f32, False)]  # (zeroed by the
+    # preprocess, or, ordered, written first by a store)
     if ordered:
         arrays.append(("dq_order", (batch * nheads * T_r + batch * nheads_k,), np.int32, True))
     return _Scratch(tuple(arrays), 0, 1, 1)

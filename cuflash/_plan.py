@@ -47,6 +47,7 @@ class ForwardConfig:
     nwarps: int  # warps per thread block; each owns B_r / nwarps rows of Q
     kv_stages: int = 1  # shared-memory buffers for K_j, V_j (2: the next pair loads during a step)
     odd_d: bool = False  # head dims that are not a multiple of 8 (OddD<Tile>, common.cuh)
+    dq_vec = 1  # n8 tiles per thread of the dQ pass (BackwardTile::DQ_VEC)
 
     @property
     def threads(self) -> int:
@@ -208,6 +209,7 @@ class BackwardConfig:
     dq_bulk: int = 0  # dQ added into dQ_accum by per-thread float atomics (0), or by one bulk
                       # reduction per step from 1 or 2 shared-memory tiles (sm_90+)
     odd_d: bool = False  # head dims that are not a multiple of 8 (OddD<Tile>, common.cuh)
+    dq_vec = 1  # n8 tiles per thread of the dQ pass (BackwardTile::DQ_VEC)
 
     @property
     def threads(self) -> int:
@@ -253,7 +255,8 @@ class BackwardConfig:
         t = self.tile_type
         return [f"{t}::SMEM_BYTES == {self.smem_bytes}", f"{t}::PITCH == {self.pitch}",
                 f"{t}::REBUILD == {str(self.rebuild).lower()}",
-                f"{t}::OPAQUE_ROWS == {str(self.opaque_rows).lower()}"]
+                f"{t}::OPAQUE_ROWS == {str(self.opaque_rows).lower()}",
+                f"{t}::DQ_VEC == {self.dq_vec}"]
 
 
 def has_bulk_copy(compute_capability: int) -> bool:
@@ -356,6 +359,7 @@ class Sm90BackwardConfig:
     B_r = 64
     B_c = 128
     dq_bulk = 1
+    dq_vec = 4  # n8 tiles per thread of the dQ pass (BackwardTileSm90::DQ_VEC)
     threads = 384
 
     @property
@@ -373,7 +377,8 @@ class Sm90BackwardConfig:
                 + 2 * self.stages * self.B_r * 4 + 8 * (2 + 2 * self.stages + 2 * 2) + 16 * 2)
 
     def tile_asserts(self) -> list[str]:
-        return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}"]
+        return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}",
+                f"{self.tile_type}::DQ_VEC == {self.dq_vec}"]
 
 
 @dataclass(frozen=True)

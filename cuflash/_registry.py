@@ -359,11 +359,11 @@ def backward_preprocess_grid(seqlen_q: int, lanes: int, nheads: int, batch: int)
 
 
 def backward_dq_grid(cfg, seqlen_q: int, d: int, nheads: int, batch: int) -> tuple:
-    """The dQ pass: one thread per 4 floats of a fragment (bulk dQ layout) or per 8 elements
-    of a row (atomics layout)."""
+    """The dQ pass: one thread per cfg.dq_vec n8 tiles of 4 floats of a fragment row (bulk dQ
+    layout) or per 8 elements of a row (atomics layout)."""
     if cfg.dq_bulk:
         T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
-        return ((T_r * cfg.B_r * cfg.HD // 4 + 127) // 128, nheads, batch)
+        return ((T_r * cfg.B_r * cfg.HD // 4 // cfg.dq_vec + 127) // 128, nheads, batch)
     return ((seqlen_q * -(-d // 8) + 127) // 128, nheads, batch)
 
 

@@ -65,6 +65,17 @@ fa2_backward_preprocess(const Params p) {
             p.lse_log2[at] = L == CUFLASH_NEG_INF ? -CUFLASH_NEG_INF : L * LOG2E;
             p.dsum[at] = acc;  // (0 past the end of Q)
         }
+        // Dense, not deterministic: dQ_accum = 0 for this block's rows (their HD floats each,
+        // in fragment order: row block i is the i-th run of PAD x HD floats), so that the main
+        // kernel's bulk reductions add into zeros without a memset of their own. (Ordered mode's
+        // first addition into a row block is a store; packed batches' workspace comes zeroed.)
+        if (!SeqT::PACKED && !p.deterministic) {
+            const int r0 = blockIdx.x * (128 / G), nr = min(128 / G, rows - r0);
+            const int hd = p.dq_accum_cols;
+            Float4* z = reinterpret_cast<Float4*>(
+                p.dq_accum + (((long long)batch * nheads + head) * rows + r0) * hd);
+            for (int k = threadIdx.x; k < nr * hd / 4; k += 128) z[k] = Float4{0.f, 0.f, 0.f, 0.f};
+        }
     } else {
         if (c == 0 && row < seqlen_q) p.dsum[seq.row_vector(head, nheads) + row] = acc;
     }
@@ -117,10 +128,16 @@ fa2_backward_dq(const Params p) {
         store_chunk_elementwise(dq_row, c, d, out);
 }
 
-// The same, for dQ_accum in fragment order (fa2_backward with DQ_BULK; the tile parameters
-// must match). One thread per 4 floats of a fragment (rows g and g + 8, two columns), read
-// grid (ceil(T_r * B_r * HD / 4 / 128), heads, batch). Deterministic mode (p.deterministic
-// = 1; dQ_accum not zeroed): row block i was written iff some column block sees it (n_i > 0).
+// The same, for dQ_accum in fragment order (fa2_backward with DQ_BULK, and the Hopper
+// backward; the tile parameters must match). One thread per Tile::DQ_VEC n8 tiles of a
+// fragment row (4 floats each: rows g and g + 8, two columns), grid (ceil(T_r * B_r * HD / 4 /
+// DQ_VEC / 128), heads, batch). DQ_VEC = 1: each thread stores its two column pairs, 4 bytes
+// each. DQ_VEC = 4 (the Hopper tile: d a multiple of 8, dQ C-contiguous on a 16-byte boundary):
+// a quad transpose gives each lane 8 consecutive columns of a row, one 16-byte store (the 4-byte
+// pairs wrote each 32-byte sector half at a time: 69 us for d 128, 16k tokens x 16 heads on the
+// H200, 57% of the DRAM's bandwidth; session 24, ncu).
+// Deterministic mode (p.deterministic = 1; dQ_accum not zeroed): row block i was written iff
+// some column block sees it (n_i > 0).
 // Packed batches: the grid as for the longest entry (p.seqlen_q rows), the workspace compact:
 // (heads, p.ws_blocks) row blocks, entry b's from p.row_block_offsets[b].
 template <typename T, typename Tile, typename MaskT, typename SeqT = DenseSeq,
@@ -128,30 +145,36 @@ template <typename T, typename Tile, typename MaskT, typename SeqT = DenseSeq,
 __global__ void __launch_bounds__(128)
 fa2_backward_dq_bulk(const Params p) {
     constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, WM_DQ = Tile::WM_DQ;
+    constexpr int V = Tile::DQ_VEC;
+    static_assert(V == 1 || (V == 4 && Tile::DQ_PASS % 4 == 0 && !Tile::ODD_D),
+                  "the dQ pass: one n8 tile a thread, or four with d a multiple of 8");
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
     const SeqInfo seq = SeqT::info(p, batch);  // (packed: the entry's lengths)
     const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k, d = p.d;
     const float softmax_scale = p.softmax_scale;
     constexpr int FRAGS = B_r * HD / 4;  // per row block
     const int T_r = (p.seqlen_q + B_r - 1) / B_r;  // (the workspace's)
-    const long long f = (long long)blockIdx.x * 128 + threadIdx.x;
-    if (f >= (long long)T_r * FRAGS) return;
-    // Undo Tile::dq_fragment: f = i FRAGS + (((warp P + pass) Q_MT + mt) DQ_PASS + nt) 32 + lane
-    const int i = f / FRAGS;
-    int x = f % FRAGS;
+    const long long t = (long long)blockIdx.x * 128 + threadIdx.x;  // (whole warps per i)
+    if (t >= (long long)T_r * (FRAGS / V)) return;
+    // Undo Tile::dq_fragment: f = i FRAGS + (((warp P + pass) Q_MT + mt) DQ_PASS + nt) 32 + lane,
+    // this thread's n8 tiles nt = V nq .. V nq + V - 1
+    const int i = t / (FRAGS / V);
+    int x = t % (FRAGS / V);
     const int lane = x % 32;
     x /= 32;
-    const int nt = x % Tile::DQ_PASS;
-    x /= Tile::DQ_PASS;
+    const int nq = x % (Tile::DQ_PASS / V);
+    x /= Tile::DQ_PASS / V;
     const int mt = x % Tile::Q_MT;
     x /= Tile::Q_MT;
     const int pass = x % Tile::DQ_PASSES, warp = x / Tile::DQ_PASSES;
     const int row = i * B_r + (warp % WM_DQ) * Tile::Q_MW + mt * 16 + lane / 4;
-    const int col = (warp / WM_DQ) * Tile::Q_NW + (pass * Tile::DQ_PASS + nt) * 8 + (lane % 4) * 2;
-    if (col >= d) return;  // the zero padding of the head dim
+    const int col0 = (warp / WM_DQ) * Tile::Q_NW + (pass * Tile::DQ_PASS + V * nq) * 8;
     if (SeqT::PACKED && i * B_r >= seqlen_q) return;  // (past the entry's row blocks)
     // (packed: the compact workspace, (heads, ws_blocks) row blocks, the entry's from its offset)
-    const float* src = p.dq_accum + f * 4 +
+    const long long f0 = (long long)i * FRAGS +
+                         ((((warp * Tile::DQ_PASSES + pass) * Tile::Q_MT + mt) * Tile::DQ_PASS +
+                           V * nq) * 32 + lane);
+    const float* src = p.dq_accum + f0 * 4 +
         (SeqT::PACKED ? ((long long)head * p.ws_blocks + p.row_block_offsets[batch]) * FRAGS * 4
                       : ((long long)batch * nheads + head) * T_r * FRAGS * 4);
     // (without a mask that hides keys from whole row blocks, every row block is written)
@@ -160,17 +183,39 @@ fa2_backward_dq_bulk(const Params p) {
         const ColumnBlocks cb = column_blocks<B_r, B_c>(MaskT(p, seqlen_q, seqlen_k), i);
         written = cb.end > cb.begin;
     }
-    const Float4 v = written ? *reinterpret_cast<const Float4*>(src) : Float4{0.f, 0.f, 0.f, 0.f};
-    const float acc[4] = {v.x, v.y, v.z, v.w};
-    elem_t* out = p.dq + seq.q_offset(p.dq_stride_b, p.dq_stride_s) + head * p.dq_stride_h + col;
+    // dQ = softmax_scale dQ_accum, tile k's four floats (n8 tile k of this thread's V: 32 lanes
+    // x 4 floats further on)
+    float acc[V][4];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const Float4 v = written ? *reinterpret_cast<const Float4*>(src + k * 128)
+                                 : Float4{0.f, 0.f, 0.f, 0.f};
+        acc[k][0] = v.x, acc[k][1] = v.y, acc[k][2] = v.z, acc[k][3] = v.w;
+    }
+    elem_t* out = p.dq + seq.q_offset(p.dq_stride_b, p.dq_stride_s) + head * p.dq_stride_h;
 #pragma unroll
     for (int e2 = 0; e2 < 2; ++e2) {  // rows g and g + 8
-        if (row + 8 * e2 >= seqlen_q) continue;
-        const unsigned v = T::pack(acc[2 * e2] * softmax_scale, acc[2 * e2 + 1] * softmax_scale);
-        if constexpr (Tile::ODD_D)  // (2-byte aligned rows; the pair may end past d)
-            store_pair_elementwise(out + (row + 8 * e2) * p.dq_stride_s, col, d, v);
-        else
-            *reinterpret_cast<unsigned*>(out + (row + 8 * e2) * p.dq_stride_s) = v;
+        const bool row_ok = row + 8 * e2 < seqlen_q;
+        elem_t* out_row = out + (row + 8 * e2) * p.dq_stride_s;
+        if constexpr (V == 4) {
+            unsigned a[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                a[k] = T::pack(acc[k][2 * e2] * softmax_scale, acc[k][2 * e2 + 1] * softmax_scale);
+            quad_transpose(a, lane);  // (every lane: n8 tile lane % 4, its 8 columns)
+            const int col = col0 + (lane % 4) * 8;
+            if (row_ok && col < d)  // (the zero padding of the head dim: whole n8 tiles)
+                *reinterpret_cast<uint4*>(out_row + col) = make_uint4(a[0], a[1], a[2], a[3]);
+        } else {
+            const int col = col0 + (lane % 4) * 2;
+            if (!row_ok || col >= d) continue;  // (the zero padding of the head dim)
+            const unsigned v =
+                T::pack(acc[0][2 * e2] * softmax_scale, acc[0][2 * e2 + 1] * softmax_scale);
+            if constexpr (Tile::ODD_D)  // (2-byte aligned rows; the pair may end past d)
+                store_pair_elementwise(out_row + col, col, d, v);
+            else
+                *reinterpret_cast<unsigned*>(out_row + col) = v;
+        }
     }
 }
 

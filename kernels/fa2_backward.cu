@@ -140,6 +140,8 @@ struct BackwardTile {
     // Head dims that are not a multiple of 8: element-wise loads and stores (OddD<Tile>,
     // common.cuh).
     static constexpr bool ODD_D = false;
+    // n8 tiles per thread of the dQ pass (fa2_backward_dq_bulk): one, 4-byte stores
+    static constexpr int DQ_VEC = 1;
     // OPAQUE_ROWS: d 64 in layout 4/4/4 runs at 255 registers: there the row-block indices
     //   (loader, buffer parity, mask test) and the range of row blocks come from opaque copies;
     //   otherwise ptxas derives them from values it then holds through the loop, and spills

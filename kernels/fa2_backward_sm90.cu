@@ -114,6 +114,9 @@ struct BackwardTileSm90 {
     // floats, so that each group's 16 KB is one contiguous bulk reduction.
     static constexpr int WM_DQ = 4, Q_MW = 16, Q_MT = 1, Q_NW = 64, DQ_PASS = 8, DQ_PASSES = 1;
     static constexpr bool ODD_D = false;  // (TMA: d is a multiple of 8)
+    // n8 tiles per thread of the dQ pass (fa2_backward_dq_bulk): four, one 16-byte store per
+    // row and lane (dQ is C-contiguous on a 16-byte boundary, cuflash/_api.py)
+    static constexpr int DQ_VEC = 4;
 
     static_assert(HD == 64 || HD == 128, "head dim padded to 64 or 128 (larger: portable)");
     static_assert(STAGES >= 2, "at least two Q_i / dO_i slots");
