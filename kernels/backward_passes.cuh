@@ -1,6 +1,7 @@
 // backward_passes.cuh: the two passes around the backward's main kernel, shared by the
 // portable backward (fa2_backward.cu) and the Hopper one (fa2_backward_sm90.cu):
-//   fa2_backward_preprocess   D = rowsum(dO ∘ O)                       (before)
+//   fa2_backward_preprocess   D = rowsum(dO ∘ O)                       (before; Hopper: and
+//                             L log2 e, dQ_accum = 0)
 //   fa2_backward_dq           dQ = softmax_scale * sum(dQ_accum)       (after, dQ atomics)
 //   fa2_backward_dq_bulk      the same, for dQ_accum in fragment order (after, bulk dQ)
 // Each takes its family's parameter struct (Params: BwdParams or Sm90BwdParams, which
