@@ -25,7 +25,9 @@ for d in (64, 128):
         k, v = (rng.standard_normal((1, nk, h, d), dtype=cp.float32).astype(ml_dtypes.bfloat16)
                 for _ in range(2))
         out, lse = cuflash.forward(q, k, v)
-        ms = bench.median_ms(cp, lambda: cuflash.backward(do, q, k, v, out, lse), 3, 15)
+        def call(do=do, q=q, k=k, v=v, out=out, lse=lse):
+            cuflash.backward(do, q, k, v, out, lse)
+        ms = bench.median_ms(cp, call, 3, 15)
         rows.append((nq, ms))
         print(f"d {d} nq {nq} nk {nk} heads {h}: {ms:.4f} ms", flush=True)
     x = np.array([r[0] / 64 for r in rows], float)  # row steps per tile
