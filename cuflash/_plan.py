@@ -47,7 +47,6 @@ class ForwardConfig:
     nwarps: int  # warps per thread block; each owns B_r / nwarps rows of Q
     kv_stages: int = 1  # shared-memory buffers for K_j, V_j (2: the next pair loads during a step)
     odd_d: bool = False  # head dims that are not a multiple of 8 (OddD<Tile>, common.cuh)
-    dq_vec = 1  # n8 tiles per thread of the dQ pass (BackwardTile::DQ_VEC)
 
     @property
     def threads(self) -> int:
