@@ -1688,10 +1688,11 @@ def _backward_sm90(cupy, device_id, dout, q, k, v, out, lse, dq, dk, dv, kind, f
         pre(_registry.backward_preprocess_grid(rows, lanes, nheads, batch), 128, 0, stream,
             params)
         # 2. dK, dV per column block; dQ added into dQ_accum by bulk reductions
-        main(grid, cfg.threads, cfg.smem_bytes, stream, params)
+        # (dependent launches, sm_90: each may start while the one before ends; _loader.py)
+        main(grid, cfg.threads, cfg.smem_bytes, stream, params, dependent=True)
         # 3. dQ = scale * dQ_accum, in the input dtype
         fin(_registry.backward_dq_grid(cfg, seqlen_q, d, nheads, batch), 128, 0, stream,
-            params)
+            params, dependent=True)
     return True
 
 

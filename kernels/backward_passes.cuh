@@ -28,6 +28,10 @@ namespace cuflash {
 template <typename T, typename SeqT = DenseSeq, typename Params = BwdParams, int PAD = 0>
 __global__ void __launch_bounds__(128)
 fa2_backward_preprocess(const Params p) {
+    // (the Hopper backward's main kernel is this pass's dependent launch: it may start its
+    // blocks, and load K_j and V_j, once every block here has started; what it reads of
+    // this pass's output it reads after its grid_dependency_wait)
+    launch_dependents();
     const int G = p.lanes;
     const int head = blockIdx.y, batch = blockIdx.z, nheads = gridDim.y;
     const SeqInfo seq = SeqT::info(p, batch);
@@ -145,6 +149,7 @@ template <typename T, typename Tile, typename MaskT, typename SeqT = DenseSeq,
           typename Params = BwdParams>
 __global__ void __launch_bounds__(128)
 fa2_backward_dq_bulk(const Params p) {
+    grid_dependency_wait();  // (the Hopper backward: the main kernel's dependent launch)
     constexpr int HD = Tile::HD, B_r = Tile::B_r, B_c = Tile::B_c, WM_DQ = Tile::WM_DQ;
     constexpr int V = Tile::DQ_VEC;
     static_assert(V == 1 || (V == 4 && Tile::DQ_PASS % 4 == 0 && !Tile::ODD_D),
@@ -198,11 +203,11 @@ fa2_backward_dq_bulk(const Params p) {
     for (int e2 = 0; e2 < 2; ++e2) {  // rows g and g + 8
         const bool row_ok = row + 8 * e2 < seqlen_q;
         elem_t* out_row = out + (row + 8 * e2) * p.dq_stride_s;
-        if constexpr (V == 4) {
-            unsigned a[4];
+        unsigned a[V];  // the row's column pairs of each n8 tile, scaled and packed
 #pragma unroll
-            for (int k = 0; k < 4; ++k)
-                a[k] = T::pack(acc[k][2 * e2] * softmax_scale, acc[k][2 * e2 + 1] * softmax_scale);
+        for (int k = 0; k < V; ++k)
+            a[k] = T::pack(acc[k][2 * e2] * softmax_scale, acc[k][2 * e2 + 1] * softmax_scale);
+        if constexpr (V == 4) {
             quad_transpose(a, lane);  // (every lane: n8 tile lane % 4, its 8 columns)
             const int col = col0 + (lane % 4) * 8;
             if (row_ok && col < d)  // (the zero padding of the head dim: whole n8 tiles)
@@ -210,12 +215,10 @@ fa2_backward_dq_bulk(const Params p) {
         } else {
             const int col = col0 + (lane % 4) * 2;
             if (!row_ok || col >= d) continue;  // (the zero padding of the head dim)
-            const unsigned v =
-                T::pack(acc[0][2 * e2] * softmax_scale, acc[0][2 * e2 + 1] * softmax_scale);
             if constexpr (Tile::ODD_D)  // (2-byte aligned rows; the pair may end past d)
-                store_pair_elementwise(out_row + col, col, d, v);
+                store_pair_elementwise(out_row + col, col, d, a[0]);
             else
-                *reinterpret_cast<unsigned*>(out_row + col) = v;
+                *reinterpret_cast<unsigned*>(out_row + col) = a[0];
         }
     }
 }

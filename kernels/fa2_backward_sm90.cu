@@ -266,6 +266,9 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
         return GROUPS == CONSUMERS ? t : (t + CONSUMERS - 1 - c) / CONSUMERS;
     };
 
+    // The dQ pass is this kernel's dependent launch: its blocks may start on the SMs that the
+    // last round of these leaves free, and wait there (grid_dependency_wait) for this grid.
+    launch_dependents();
     if (tid == 0) {
         mbar_init(kv_full, 1);
         for (int s = 0; s < STAGES; ++s) {
@@ -323,6 +326,9 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
                 tma_load_4d(sV + g * (B_c * 128), &p.tm_v, kv_full, g * 64,
                             seq.k_row0() + j * B_c, head_k, seq.k_batch());
             }
+            // (this kernel is the D pass's dependent launch: L log2 e, D and dQ_accum's zeros
+            // are read or added into from here on; K_j and V_j, inputs, load while it ends)
+            grid_dependency_wait();
             // L_i log2(e) and D_i: one aligned bulk copy each from the preprocess's padded rows
             for (int t = 0; t < steps; ++t) {
                 const int stage = t % STAGES, h = step_head(t), i = step_row_block(t);
@@ -351,6 +357,7 @@ fa2_backward_sm90(const __grid_constant__ Sm90BwdParams p) {
 
     // ---- consumers ----------------------------------------------------------------------
     regs_increase<Tile::CONSUMER_REGS>();
+    grid_dependency_wait();  // (the D pass's zeros, before any reduction into dQ_accum)
     const int wg = warpgroup - 1;  // which 64 keys of K_j: 64 wg ..
     const int warp = (tid / 32) % 4, lane = tid % 32;
     const int key_lane = j * B_c + 64 * wg + 16 * warp + lane / 4;  // + 8 e2: this lane's keys

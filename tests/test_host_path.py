@@ -729,6 +729,8 @@ def test_sm90_backward_packs_one_struct_for_its_three_kernels(fake, causal, d, d
     dq, dk, dv = _api._backward(dout, q, k, v, out, lse, causal, None, deterministic, None,
                                 None, None, None, scratch=arena)
     pre, main, fin = fake
+    assert fake.dependent == [False, True, True]  # (the main kernel and the dQ pass: each the
+    # one before's dependent launch)
     cfg = _plan.sm90_backward_config(d, ordered=deterministic)
     names = _plan.sm90_backward_names("float16", cfg, causal, ordered=deterministic)
     assert (pre[0], main[0], fin[0]) == (names["pre"], names["main"], names["dq"])
