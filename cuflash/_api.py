@@ -1087,18 +1087,23 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
             int(_device_properties(cupy, device_id)["multiProcessorCount"])), 1
     else:
         split_tail = not (causal or local or hooked or _allocating_nothing())
-        shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail)
+        causal_tail = causal and not local
+        shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail,
+                     causal_tail)
         grid, per_unit, tail = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
-        if tail:
+        if tail and causal_tail:  # (single tiles, no buffers: fa2_forward_sm90.cu)
+            features = dict(features, tail_tiles=tail)
+        elif tail:
             tail_sizes = _registry.sm90_tail_buffers(cfg, grid[0])
-        buffers = tail and _tail_buffers(cupy, device_id, cupy.cuda.get_current_stream().ptr,
-                                         tail_sizes)
-        if buffers:  # (the split tail's: fa2_forward_sm90.cu)
-            features = dict(features, tail_tiles=tail, tail_parts=buffers[0],
-                            tail_flags=buffers[1])
-        elif tail:  # (none to be had on a stream being captured: whole tiles, not kept)
-            shape_key, record, tail_sizes = shape_key[:-1] + (False,), None, None
-            grid, per_unit, tail = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
+            buffers = _tail_buffers(cupy, device_id, cupy.cuda.get_current_stream().ptr,
+                                    tail_sizes)
+            if buffers:  # (the split tail's: fa2_forward_sm90.cu)
+                features = dict(features, tail_tiles=tail, tail_parts=buffers[0],
+                                tail_flags=buffers[1])
+            else:  # (none to be had on a stream being captured: whole tiles, not kept)
+                shape_key, record, tail_sizes = shape_key[:-2] + (False, False), None, None
+                grid, per_unit, tail = (_sm90_grids.get(shape_key)
+                                        or _sm90_grid(cupy, shape_key))
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + {cfg.consumers} consumer "
               f"warpgroups): "
@@ -1106,8 +1111,10 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
               f"{cfg.HD}, persistent grid of {grid[0]} blocks over "
               + ("the packed batch's row blocks, handed out in turn, " if packed else
                  f"{-(-seqlen_q // cfg.B_r) * nheads * batch} tiles ({per_unit} per unit"
-                 + (f"; the last {features['tail_tiles']} split by column blocks"
-                    if features.get("tail_tiles") else "") + "), ") +
+                 + (f"; the last {features['tail_tiles']} "
+                    + ("units as single tiles, the longest first" if causal else
+                       "split by column blocks") if features.get("tail_tiles") else "")
+                 + "), ") +
               f"{cfg.smem_bytes} bytes of shared memory")
     qs, ks, vs = qkv_strides
     tm_q, tm_k, tm_v = maps
@@ -1130,12 +1137,14 @@ _sm90_grids: dict = {}
 
 def _sm90_grid(cupy, shape_key: tuple):
     """(grid, per_unit, tail_tiles) of a Hopper forward launch (_registry.sm90_forward_grid)
-    for shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail),
-    kept per shape: training loops launch the same few."""
-    cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail = shape_key
+    for shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail,
+    causal_tail), kept per shape: training loops launch the same few."""
+    cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail, causal_tail = \
+        shape_key
     return _keep(_sm90_grids, shape_key, _registry.sm90_forward_grid(
         cfg, causal, seqlen_q, nheads, batch,
-        int(_device_properties(cupy, device_id)["multiProcessorCount"]), seqlen_k, split_tail))
+        int(_device_properties(cupy, device_id)["multiProcessorCount"]), seqlen_k, split_tail,
+        causal_tail))
 
 
 # The split tails' buffers (fa2_forward_sm90.cu, fa2_backward_sm90.cu), per family, GPU and

@@ -177,7 +177,8 @@ SM90_FWD = Struct("Sm90FwdParams", "Hopper forward kernel (fa2_forward_sm90.cu).
     Field("per_unit", "i32", "tiles per unit of work: 1, or 2 (causal rows T_r-1-r and r)"),
     Field("tile_counter", "ptr", "packed: the tile scheduler's counter, int32, zero at launch",
           "int*", 0),
-    Field("tail_tiles", "i32", "the split tail's tiles, the last ones (0: none)", "", 0),
+    Field("tail_tiles", "i32", "the split tail's tiles, the last ones (causal: the causal "
+          "tail's units; 0: none)", "", 0),
     Field("tail_parts", "ptr", "split tail: the split tiles' parts, float32, per boundary",
           "float*", 0),
     Field("tail_flags", "ptr", "split tail: per boundary and warp, parts in, int32, zero "

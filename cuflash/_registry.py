@@ -96,7 +96,8 @@ def sm90_forward_plan(dtype_name: str, d: int, causal: bool, config=None,
 
 
 def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, nheads: int, batch: int,
-                      sms: int, seqlen_k: int = 0, split_tail: bool = False) -> tuple:
+                      sms: int, seqlen_k: int = 0, split_tail: bool = False,
+                      causal_tail: bool = False) -> tuple:
     """(grid, per_unit, tail_tiles) of the Hopper forward: a persistent grid, at most one
     thread block per SM, over units of work (fa2_forward_sm90.cu, "the tiles"). A unit is one
     tile (B_r query rows x head x batch entry), or, with the causal mask and more tiles than
@@ -108,7 +109,11 @@ def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, nheads: int, batch: int,
     mask, a window or the score hook) and T tiles do not fill whole rounds of the G blocks,
     the last G + T % G tiles, whose column blocks the blocks share evenly ("the split tail":
     no block idles through the last round); 0 where not, and where it measured no faster
-    (SPLIT_TAIL_MIN_BLOCKS, SPLIT_TAIL_MAX_HEAD_DIM)."""
+    (SPLIT_TAIL_MIN_BLOCKS, SPLIT_TAIL_MAX_HEAD_DIM). With causal_tail (a dense call under
+    the causal mask without a window), tail_tiles counts units instead: where the units of
+    two tiles do not fill whole rounds, the last G + units % G, which the kernel hands out as
+    single tiles, the longest first ("the causal tail"), where it measured faster
+    (CAUSAL_TAIL_MIN_ROW_BLOCKS)."""
     T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
     per_unit = 2 if causal and T_r > 1 and T_r * nheads * batch > sms else 1
     units = -(-T_r // per_unit) * nheads * batch
@@ -120,8 +125,23 @@ def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, nheads: int, batch: int,
             T_c >= SPLIT_TAIL_MIN_BLOCKS and cfg.HD <= SPLIT_TAIL_MAX_HEAD_DIM and \
             (grid + units % grid + 1) * T_c < 2 ** 31:
         tail = grid + units % grid
+    if causal_tail and per_unit == 2 and units > grid and units % grid and \
+            T_r >= CAUSAL_TAIL_MIN_ROW_BLOCKS.get(cfg.HD, 1 << 30):
+        tail = grid + units % grid
     return (grid, 1, 1), per_unit, tail
 
+
+# Where the Hopper forward hands its causal tail out as single tiles (sm90_forward_grid): at
+# least this many row blocks a (head, batch) pair, per head-dim bucket. The single tiles of
+# the tail come from many pairs at once, so that a tile's K and V are no longer read just
+# before by the other tile of its unit; on short sequences (few row blocks, many pairs) that
+# cost more than the idle part of the last round. Session 26 (bench/results/session26/call2/
+# ab.log: bf16, the standard grid's causal points, tail on everywhere against main, paired),
+# main's time over the tail's by row blocks a pair: d 64 0.975, 0.972, 0.978 at 4, 8, 16
+# (B_r 128), 1.019, 1.021, 1.036 at 22, 43, 86 (B_r 192); d 128 0.971, 0.995, 1.010, 1.014,
+# 1.019, 1.021 at 4 .. 128; d 256 0.896, 0.936, 0.980, 1.003, 1.010, 1.014 at 4 .. 128.
+# (d 192, not measured, takes d 256's.)
+CAUSAL_TAIL_MIN_ROW_BLOCKS = {64: 17, 128: 16, 192: 64, 256: 64}
 
 # Where the Hopper forward splits its tail (sm90_forward_grid): tiles of at least
 # SPLIT_TAIL_MIN_BLOCKS column blocks, head-dim buckets up to SPLIT_TAIL_MAX_HEAD_DIM. Each

@@ -230,6 +230,38 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         const int u = units - p.tail_tiles + t, x = u / unit_rows;
         return Tile_{u % unit_rows, x % p.nheads, x / p.nheads};
     };
+    // The causal tail (CAUSAL_TAIL: dense batches under the causal mask alone). A causal
+    // unit's two tiles add up to the same length for every unit, so where the units do not
+    // fill whole rounds of the G blocks, G - units % G blocks idle through the last one (3%
+    // of the time at every causal point of the standard grid). So the last p.tail_tiles
+    // units (G + units % G, leaving whole rounds before them) are handed out as single tiles
+    // instead: row block by row block from the last (the longest: under the causal mask a
+    // row block sees no fewer column blocks than the one above it), in rounds of G tiles, one
+    // per block, every other round in reverse (a block that took one of a round's longest
+    // takes one of the next round's shortest). The tail's tiles: pair x0's rows rr0 ..
+    // T_r - 1 - rr0 (the units of its first tail unit rr0 on) and every row of the pairs
+    // after it; in row order, r = T_r - 1 down to 0, each row's pairs in order. (The host,
+    // _registry.sm90_forward_grid, sends a tail only with units of two tiles, p.per_unit = 2,
+    // and whole rounds of units before it.)
+    constexpr bool CAUSAL_TAIL = !SeqT::PACKED && MaskT::CAUSAL && !MaskT::LOCAL;
+    auto causal_tail_tile = [&](int k, Tile_& tl) {  // this block's tile k of the tail
+        const int G = gridDim.x, body = units - p.tail_tiles;  // (units before the tail)
+        const int x0 = body / unit_rows, rr0 = body % unit_rows, whole = pairs - 1 - x0;
+        // rows above pair x0's (whole pairs each), its rows (whole + 1), rows below (whole)
+        const int n1 = rr0 * whole, n2 = (T_r - 2 * rr0) * (whole + 1);
+        const int t = k * G + (k % 2 ? G - 1 - (int)blockIdx.x : (int)blockIdx.x);
+        if (t >= 2 * n1 + n2) return false;
+        int r, x;
+        if (t < n1) {
+            r = T_r - 1 - t / whole, x = x0 + 1 + t % whole;
+        } else if (t < n1 + n2) {
+            r = T_r - 1 - rr0 - (t - n1) / (whole + 1), x = x0 + (t - n1) % (whole + 1);
+        } else {
+            r = rr0 - 1 - (t - n1 - n2) / whole, x = x0 + 1 + (t - n1 - n2) % whole;
+        }
+        tl = Tile_{r, x % p.nheads, x / p.nheads};
+        return true;
+    };
     // This block's tile number c onwards: the next tile into tl and c past it; false at the
     // end. (The producer threads and the consumers walk the same sequence.)
     auto next_tile = [&](int& c, Tile_& tl) {
@@ -257,6 +289,10 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                 }
             }
             for (;; ++c) {
+                if (CAUSAL_TAIL && p.tail_tiles > 0) {  // (per = 2; whole rounds before it)
+                    const int first = (units - p.tail_tiles) / (int)gridDim.x * 2;
+                    if (c >= first) return causal_tail_tile(c++ - first, tl);
+                }
                 const int u = blockIdx.x + c / per * gridDim.x, half = c % per;
                 if (u >= units) return false;
                 const int x = u / unit_rows, rr = u % unit_rows;  // the pair, its unit

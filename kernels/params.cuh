@@ -256,7 +256,7 @@ struct Sm90FwdParams {
     int batch;                      // batch entries (the persistent grid's tiles)
     int per_unit;                   // tiles per unit of work: 1, or 2 (causal rows T_r-1-r and r)
     int* tile_counter;              // packed: the tile scheduler's counter, int32, zero at launch
-    int tail_tiles;                 // the split tail's tiles, the last ones (0: none)
+    int tail_tiles;                 // the split tail's tiles, the last ones (causal: the causal tail's units; 0: none)
     float* tail_parts;              // split tail: the split tiles' parts, float32, per boundary
     int* tail_flags;                // split tail: per boundary and warp, parts in, int32, zero between launches
 };

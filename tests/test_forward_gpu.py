@@ -220,6 +220,42 @@ def test_split_tail_batches(dt, family, split_every_tail):
     run_and_check(q, k, v, False)
 
 
+@pytest.fixture
+def causal_every_tail(monkeypatch):
+    """The causal tail wherever it applies, whatever a pair's row blocks (the planner's
+    limit, _registry.CAUSAL_TAIL_MIN_ROW_BLOCKS, at its widest), the grids recomputed."""
+    monkeypatch.setattr(_registry, "CAUSAL_TAIL_MIN_ROW_BLOCKS",
+                        dict.fromkeys(_plan.SM90_HEAD_DIM_BUCKETS, 1))
+    for cache in ("_sm90_grids", "_repeats"):
+        monkeypatch.setattr(_api, cache, {})
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("d, sq, sk, hk, softcap", [(64, 640, 640, 2, 0.0),
+                                                    (128, 1100, 1500, 1, 0.0),
+                                                    (128, 700, 513, 2, 5.0),
+                                                    (256, 515, 515, 1, 0.0)])
+def test_causal_tail(dt, d, sq, sk, hk, softcap, causal_every_tail, capsys):
+    """More causal units than SMs, not in whole rounds: the Hopper forward hands its last
+    units out as single tiles, the longest first (fa2_forward_sm90.cu, the causal tail). An
+    odd number of row blocks (a unit of the middle row alone), seqlen_q != seqlen_k both
+    ways (rows that see no key: out 0, lse -inf), GQA, the hook; against float64 attention,
+    into poisoned outputs (a tile handed out to no block would leave NaN)."""
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    cfg = _plan.sm90_forward_config(d, True, sk, hooked=softcap > 0)
+    unit_rows = (-(-sq // cfg.B_r) + 1) // 2
+    h = hk * (-(-sms // (unit_rows * hk)) + 1)  # query heads, a multiple of hk
+    while (unit_rows * h) % sms == 0:
+        h += hk
+    _, per_unit, tail = _registry.sm90_forward_grid(cfg, True, sq, h, 1, sms, sk, False, True)
+    assert per_unit == 2 and tail > 0  # (what the Hopper family launches with)
+    q, k, v = make_qkv((1, sq, h, d), (1, sk, hk, d), DTYPES[dt], False)
+    run_and_check(q, k, v, True, softcap=softcap)
+    if _uses_hopper_family():  # (the launch itself had the causal tail)
+        cuflash.forward(q, k, v, causal=True, softcap=softcap, verbose=True)
+        assert f"the last {tail} units as single tiles" in capsys.readouterr().out
+
+
 WINDOWS = [(0, 0), (5, 0), (64, -1), (127, 3), (-1, 17), (300, 300), (1000, 0)]
 
 

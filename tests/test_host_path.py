@@ -300,13 +300,113 @@ def test_split_tail_covers_every_block_once(monkeypatch, tiles, sms, T_c):
     assert max(work) - min(work) <= 1
 
 
+def _causal_walk(T_r, pairs, grid, tail):
+    """What fa2_forward_sm90.cu's walk gives each block under the causal mask (next_tile,
+    units of rows T_r - 1 - rr and rr, then the causal tail): a list per block of (row
+    block, pair), in the kernel's arithmetic."""
+    unit_rows = (T_r + 1) // 2
+    units = unit_rows * pairs
+
+    def tail_tile(k, b):  # causal_tail_tile
+        body = units - tail
+        x0, rr0 = divmod(body, unit_rows)
+        whole = pairs - 1 - x0
+        n1, n2 = rr0 * whole, (T_r - 2 * rr0) * (whole + 1)
+        t = k * grid + (grid - 1 - b if k % 2 else b)
+        if t >= 2 * n1 + n2:
+            return None
+        if t < n1:
+            return T_r - 1 - t // whole, x0 + 1 + t % whole
+        if t < n1 + n2:
+            return T_r - 1 - rr0 - (t - n1) // (whole + 1), x0 + (t - n1) % (whole + 1)
+        t -= n1 + n2
+        return rr0 - 1 - t // whole, x0 + 1 + t % whole
+
+    walks = []
+    for b in range(grid):
+        walk, c = [], 0
+        while True:
+            if tail > 0 and c >= (units - tail) // grid * 2:
+                got = tail_tile(c - (units - tail) // grid * 2, b)
+                c += 1
+                if got is None:
+                    break
+                walk.append(got)
+                continue
+            u, half = b + c // 2 * grid, c % 2
+            if u >= units:
+                break
+            x, rr = divmod(u, unit_rows)
+            c += 1
+            if half == 1 and rr == T_r - 1 - rr:
+                continue
+            walk.append((rr if half else T_r - 1 - rr, x))
+        walks.append(walk)
+    return walks
+
+
+@pytest.mark.parametrize("T_r, pairs, sms", [(4, 1024, 132), (8, 512, 132), (16, 256, 132),
+                                             (128, 16, 132), (5, 77, 132), (3, 200, 114),
+                                             (2, 133, 132), (7, 40, 132), (4, 34, 132)])
+def test_causal_tail_covers_every_tile_once(monkeypatch, T_r, pairs, sms):
+    """The causal tail (fa2_forward_sm90.cu): the blocks' walks cover every (row block,
+    pair) tile exactly once, the tail's tiles go out longest first, and no block's work
+    (a tile's length: its row block + 1 column blocks, B_r = B_c, square) passes the even
+    share by more than the longest tile, where whole units left up to a unit more."""
+    monkeypatch.setattr(_registry, "CAUSAL_TAIL_MIN_ROW_BLOCKS", {64: 1})  # (every length)
+    cfg = _plan.sm90_forward_config(64, True, 512)
+    assert cfg.B_r == cfg.B_c == 128
+    heads = 8 if pairs % 8 == 0 else 1
+    grid, per_unit, tail = _registry.sm90_forward_grid(
+        cfg, True, T_r * cfg.B_r, heads, pairs // heads, sms, T_r * cfg.B_c, False, True)
+    units = (T_r + 1) // 2 * pairs
+    assert per_unit == 2 and grid[0] == min(units, sms)
+    assert tail == (sms + units % sms if units > sms and units % sms else 0)
+    assert tail == 0 or (units - tail) % sms == 0
+    walks = _causal_walk(T_r, pairs, grid[0], tail)
+    seen = np.zeros((T_r, pairs), int)
+    for walk in walks:
+        for r, x in walk:
+            seen[r, x] += 1
+    assert (seen == 1).all()
+    work = [sum(r + 1 for r, _ in walk) for walk in walks]
+    ideal = pairs * T_r * (T_r + 1) / 2 / grid[0]
+    if tail:
+        assert max(work) <= ideal + T_r
+        old = _causal_walk(T_r, pairs, grid[0], 0)  # (whole units to the end)
+        assert max(work) <= max(sum(r + 1 for r, _ in walk) for walk in old)
+    else:
+        assert max(work) <= ideal + T_r + 1
+
+
+@pytest.mark.parametrize("d, seqlen, heads, batch, tail", [
+    (64, 2048, 32, 8, 0),            # 16 row blocks of 128: below the rule's 17
+    (64, 4096, 32, 4, 132 + 1408 % 132),   # 22 row blocks of 192 (units of 2: 11 a pair)
+    (128, 2048, 16, 8, 132 + 1024 % 132),  # 16 row blocks
+    (128, 1024, 16, 16, 0),          # 8
+    (256, 4096, 8, 4, 0),            # 32: below d 256's 64
+    (256, 8192, 8, 2, 132 + 512 % 132),
+    (128, 2048, 33, 4, 0),           # 1056 units: whole rounds
+])
+def test_sm90_forward_grid_causal_tail_rule(d, seqlen, heads, batch, tail):
+    """The causal tail where it measured faster: pairs of at least
+    CAUSAL_TAIL_MIN_ROW_BLOCKS row blocks (by head-dim bucket), the units not in whole
+    rounds."""
+    cfg = _plan.sm90_forward_config(d, True, seqlen)
+    _, per_unit, got = _registry.sm90_forward_grid(cfg, True, seqlen, heads, batch, 132,
+                                                   seqlen, False, True)
+    assert per_unit == 2 and got == tail
+    _, _, off = _registry.sm90_forward_grid(cfg, True, seqlen, heads, batch, 132, seqlen)
+    assert off == 0  # (without causal_tail: a window, or not causal)
+
+
 @pytest.mark.parametrize("d, causal, split, tiles, T_c, tail", [
     (128, False, True, 2048, 47, 200),
     (128, False, True, 2048, 32, 200),
     (64, False, True, 2048, 32, 200),
     (128, False, True, 2048, 31, 0),     # below SPLIT_TAIL_MIN_BLOCKS
     (256, False, True, 2048, 94, 0),     # above SPLIT_TAIL_MAX_HEAD_DIM
-    (128, True, True, 2048, 47, 0),      # causal: the units' pairs balance instead
+    (128, True, True, 2048, 47, 0),      # causal: no split (the causal tail, above)
     (128, False, False, 2048, 47, 0),    # a window or the score hook: no split tail
     (128, False, True, 2112, 47, 0),     # whole rounds
     (128, False, True, 112, 47, 0),      # fewer tiles than blocks
@@ -319,13 +419,16 @@ def test_sm90_forward_grid_splits_the_tail(d, causal, split, tiles, T_c, tail):
 
 
 @pytest.mark.parametrize("options, split", [({}, True), ({"causal": True}, False),
+                                            ({"causal": True, "softcap": 5.0}, False),
                                             ({"softcap": 5.0}, False),
-                                            ({"window_size": (64, 64)}, False)])
+                                            ({"window_size": (64, 64)}, False),
+                                            ({"causal": True, "window_size": (64, 0)}, False)])
 def test_sm90_forward_passes_the_split_tail(fake, options, split):
     """A dense Hopper forward call without a causal mask, a window or the hook, whose tiles
     do not fill whole rounds of the grid, launches with the split tail: its tile count and
     its buffers (per stream, kept: a second call gets the same ones, the counts zeroed once),
-    and its repeat launches them too."""
+    and its repeat launches them too. Causal without a window (the hook or not), the causal
+    tail: its unit count, no buffers."""
     q, k, v = _qkv(2, 128 * 70, 6001, 2, 2, 128, BF16)  # 280 tiles of 128 rows on 132 SMs
     for _ in range(3):  # (the third: the repeat path)
         _api.forward(q, k, v, **options)
@@ -334,7 +437,11 @@ def test_sm90_forward_passes_the_split_tail(fake, options, split):
     cfg = _plan.sm90_forward_config(128, options.get("causal", False), 6001,
                                     local="window_size" in options)
     if not split:
-        assert all(p["tail_tiles"] == 0 and p["tail_parts"] == 0 for p in ps)
+        # causal: 140 units of two tiles (T_r 70, 4 pairs) on 132 SMs, the last 140 single
+        causal_tail = options.get("causal") and "window_size" not in options
+        assert all(p["tail_tiles"] == (140 if causal_tail else 0) and p["tail_parts"] == 0
+                   for p in ps)
+        assert not causal_tail or all(p["per_unit"] == 2 for p in ps)
         return
     assert cfg.B_r == 128 and all(p["tail_tiles"] == 132 + 280 % 132 for p in ps)
     assert all(p["tail_parts"] == ps[0]["tail_parts"] != 0 for p in ps)
