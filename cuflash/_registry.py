@@ -119,16 +119,13 @@ def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, nheads: int, batch: int,
     units = -(-T_r // per_unit) * nheads * batch
     grid = max(1, min(units, sms))
     T_c = -(-seqlen_k // cfg.B_c)
-    tail = 0
-    # (the kernel's step arithmetic, 32-bit, reaches (tail + 1) T_c)
-    if split_tail and per_unit == 1 and units > grid and units % grid and \
-            T_c >= SPLIT_TAIL_MIN_BLOCKS and cfg.HD <= SPLIT_TAIL_MAX_HEAD_DIM and \
-            (grid + units % grid + 1) * T_c < 2 ** 31:
-        tail = grid + units % grid
-    if causal_tail and per_unit == 2 and units > grid and units % grid and \
-            T_r >= CAUSAL_TAIL_MIN_ROW_BLOCKS.get(cfg.HD, 1 << 30):
-        tail = grid + units % grid
-    return (grid, 1, 1), per_unit, tail
+    tail = grid + units % grid if units > grid and units % grid else 0  # (the last round's)
+    # (the split tail: the kernel's step arithmetic, 32-bit, reaches (tail + 1) T_c)
+    split = split_tail and per_unit == 1 and T_c >= SPLIT_TAIL_MIN_BLOCKS and \
+        cfg.HD <= SPLIT_TAIL_MAX_HEAD_DIM and (tail + 1) * T_c < 2 ** 31
+    by_rows = causal_tail and per_unit == 2 and \
+        T_r >= CAUSAL_TAIL_MIN_ROW_BLOCKS.get(cfg.HD, 1 << 30)
+    return (grid, 1, 1), per_unit, tail if split or by_rows else 0
 
 
 # Where the Hopper forward hands its causal tail out as single tiles (sm90_forward_grid): at
