@@ -1079,6 +1079,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
     if maps is None:
         return False
     tail_sizes = None  # (the split tail's buffer sizes, where it splits)
+    walk = _NO_WALK  # (the tile walk's divisors: dense batches)
     if packed:  # tiles handed out in turn from a counter at zero (fa2_forward_sm90.cu)
         counter = cupy.zeros(1, dtype=np.int32)
         features = dict(features, tile_counter=counter.data.ptr)
@@ -1091,6 +1092,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
         shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail,
                      causal_tail)
         grid, per_unit, tail = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
+        walk = _registry.sm90_forward_walk(cfg, seqlen_q, nheads, per_unit)
         if tail and causal_tail:  # (single tiles, no buffers: fa2_forward_sm90.cu)
             features = dict(features, tail_tiles=tail)
         elif tail:
@@ -1104,6 +1106,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
                 shape_key, record, tail_sizes = shape_key[:-2] + (False, False), None, None
                 grid, per_unit, tail = (_sm90_grids.get(shape_key)
                                         or _sm90_grid(cupy, shape_key))
+                walk = _registry.sm90_forward_walk(cfg, seqlen_q, nheads, per_unit)
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + {cfg.consumers} consumer "
               f"warpgroups): "
@@ -1124,7 +1127,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
                     k_strides=ks, v_strides=vs, o_strides=out_strides, seqlen_q=seqlen_q,
                     seqlen_k=seqlen_k, d=d, group=nheads // k.shape[2],
                     softmax_scale=scale, scale_log2=scale * _LOG2E, nheads=nheads,
-                    batch=batch, per_unit=per_unit, **features)
+                    batch=batch, per_unit=per_unit, **walk, **features)
         kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, params)
         if record is not None:
             record.append((kernel, grid, cfg.threads, cfg.smem_bytes, params, bytes(params.buf),
@@ -1133,6 +1136,9 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
 
 
 _sm90_grids: dict = {}
+
+
+_NO_WALK: dict = {}  # (packed batches take their tiles from a counter: the fields' defaults)
 
 
 def _sm90_grid(cupy, shape_key: tuple):

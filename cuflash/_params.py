@@ -29,6 +29,7 @@ _KINDS = {
     "i64": ("long long", "q", 8, 1, 8),
     "strides": ("long long", "q", 8, 3, 8),  # (batch, sequence, head) strides in elements
     "i32": ("int", "i", 4, 1, 4),
+    "u32": ("unsigned", "I", 4, 1, 4),
     "f32": ("float", "f", 4, 1, 4),
     "tmap": ("TensorMap", "128s", 128, 1, 64),  # a TMA tensor map (hopper.cuh), 128 bytes
 }
@@ -38,7 +39,7 @@ _STRIDE_AXES = (("b", "batch"), ("s", "sequence"), ("h", "head"))
 @dataclass(frozen=True)
 class Field:
     name: str
-    kind: str           # ptr, i64, i32, f32
+    kind: str           # ptr, i64, i32, u32, f32
     doc: str
     ctype: str = ""     # for pointers: the C pointer type
     default: object = None
@@ -175,6 +176,11 @@ SM90_FWD = Struct("Sm90FwdParams", "Hopper forward kernel (fa2_forward_sm90.cu).
     Field("nheads", "i32", "query heads (the persistent grid's tiles)"),
     Field("batch", "i32", "batch entries (the persistent grid's tiles)"),
     Field("per_unit", "i32", "tiles per unit of work: 1, or 2 (causal rows T_r-1-r and r)"),
+    Field("heads_mul", "u32", "FastDiv by nheads (common.cuh): multiplier", "", 1),
+    Field("heads_shift", "i32", "FastDiv by nheads: shift", "", 0),
+    Field("unit_rows_mul", "u32", "FastDiv by a pair's units, ceil(T_r / per_unit): "
+          "multiplier (packed batches: unused)", "", 1),
+    Field("unit_rows_shift", "i32", "FastDiv by a pair's units: shift", "", 0),
     Field("tile_counter", "ptr", "packed: the tile scheduler's counter, int32, zero at launch",
           "int*", 0),
     Field("tail_tiles", "i32", "the split tail's tiles, the last ones (causal: the causal "

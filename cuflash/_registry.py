@@ -95,6 +95,26 @@ def sm90_forward_plan(dtype_name: str, d: int, causal: bool, config=None,
                 {"main": cfg.smem_bytes})
 
 
+@functools.lru_cache(maxsize=256)
+def fast_div(d: int) -> tuple:
+    """(mul, shift) of FastDiv (kernels/common.cuh) for a divisor 1 <= d < 2^31: n / d =
+    (umulhi(n, mul) + n) >> shift for every 0 <= n < 2^31 (the round-up method of Granlund and
+    Montgomery; tests/test_host_path.py checks it against //)."""
+    if not 1 <= d < 2 ** 31:
+        raise ValueError(f"fast_div: divisor {d} outside [1, 2^31)")
+    shift = (d - 1).bit_length()  # ceil(log2 d)
+    return ((1 << 32) * ((1 << shift) - d)) // d + 1, shift
+
+
+def sm90_forward_walk(cfg, seqlen_q: int, nheads: int, per_unit: int) -> dict:
+    """The Hopper forward's divisors of its tile walk (fa2_forward_sm90.cu, "the tiles"), as
+    parameter fields: by the heads and by a pair's units, ceil(T_r / per_unit)."""
+    T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
+    unit_rows = max(1, (T_r + per_unit - 1) // per_unit)
+    (hm, hs), (um, us) = fast_div(nheads), fast_div(unit_rows)
+    return {"heads_mul": hm, "heads_shift": hs, "unit_rows_mul": um, "unit_rows_shift": us}
+
+
 def sm90_forward_grid(cfg, causal: bool, seqlen_q: int, nheads: int, batch: int,
                       sms: int, seqlen_k: int = 0, split_tail: bool = False,
                       causal_tail: bool = False) -> tuple:

@@ -11,7 +11,7 @@
 //   async copies       cp.async 16 B with zero fill, commit / wait
 //   dependent launch   griddepcontrol: wait for the grid before, let the next one start
 //   shared memory      the 16-byte-chunk XOR swizzle used by every tile
-//   math               exp2 (ex2.approx), warp-quad reductions
+//   math               exp2 (ex2.approx), warp-quad reductions, division by a launch constant
 #pragma once
 
 namespace cuflash {
@@ -502,6 +502,27 @@ __device__ __forceinline__ float exp2_poly(float x) {
                                         0x3f800000u);
     return x < -125.f ? 0.f : p * two_j;
 }
+
+// n / d and n % d for 0 <= n < 2^31 and a divisor d >= 1 fixed for the launch (the heads, a
+// pair's units): a multiply-high, an add and a shift (the round-up method of Granlund and
+// Montgomery), where a division by a run-time int is ~25 dependent instructions. The Hopper
+// forward's tile walk divided by the units of a pair and the heads once per tile, ~100
+// instructions on the consumers' path from one tile to the next (ncu, session 27).
+//   shift = ceil(log2 d), mul = floor(2^32 (2^shift - d) / d) + 1 (< 2^32),
+//   n / d = (umulhi(n, mul) + n) >> shift   (the sum < 2^32 for n < 2^31).
+// mul and shift come from the host (cuflash/_registry.py, fast_div) in the kernel's
+// parameters: worked out in the kernel they took registers for the whole kernel, and the
+// register-tight tiles spilled.
+struct FastDiv {
+    int d;
+    unsigned mul;
+    int shift;
+    __device__ __forceinline__ int div(int n) const {
+        return static_cast<int>((__umulhi(static_cast<unsigned>(n), mul) +
+                                 static_cast<unsigned>(n)) >> shift);
+    }
+    __device__ __forceinline__ int mod(int n) const { return n - div(n) * d; }
+};
 
 // Reductions over the 4 lanes (a "quad") that hold one row of an mma accumulator.
 __device__ __forceinline__ float shfl_xor(float x, int lane_mask) {

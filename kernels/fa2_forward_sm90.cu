@@ -161,6 +161,10 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     // the same time (from L2: each is read from HBM about once); causal, the longest first.
     const int T_r = (p.seqlen_q + B_r - 1) / B_r, pairs = p.nheads * p.batch;
     const int per = p.per_unit, unit_rows = (T_r + per - 1) / per, units = unit_rows * pairs;
+    // (the walk's divisions by the units of a pair and the heads, once per tile: FastDiv,
+    // common.cuh, with the host's multipliers, _registry.sm90_forward_walk)
+    const FastDiv by_unit_rows{unit_rows, p.unit_rows_mul, p.unit_rows_shift},
+        by_heads{p.nheads, p.heads_mul, p.heads_shift};
     struct Tile_ {
         int row_block, head, batch;
     };
@@ -295,13 +299,14 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                 }
                 const int u = blockIdx.x + c / per * gridDim.x, half = c % per;
                 if (u >= units) return false;
-                const int x = u / unit_rows, rr = u % unit_rows;  // the pair, its unit
+                const int x = by_unit_rows.div(u), rr = u - x * unit_rows;  // the pair, its unit
                 int r = MaskT::CAUSAL ? T_r - 1 - rr : rr;         // (one tile per unit)
                 if (per == 2) {                                    // T_r - 1 - rr, then rr
                     if (half == 1 && rr == T_r - 1 - rr) continue;  // (the middle row: once)
                     r = half ? rr : T_r - 1 - rr;
                 }
-                tl = Tile_{r, x % p.nheads, x / p.nheads};
+                const int batch = by_heads.div(x);
+                tl = Tile_{r, x - batch * p.nheads, batch};
                 ++c;
                 return true;
             }
@@ -514,8 +519,15 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             }
             // Mask (mask.cuh), on blocks that cross a mask limit or the end of K
             // (block_range.cuh): S_ij[r, c] = -inf where key c is not visible from query r.
-            if (j >= cb.masked_begin || (MaskT::LOCAL && j < cb.unmasked_begin))
-                mask_fragment(mask, s[0], row_lane, col0, lane);
+            // (the hooked tiles test each row on its own: with the causal mask's tests shared
+            // by a lane's two rows, mask.cuh, the d 128 and 256 hooked tiles spilled)
+            if (j >= cb.masked_begin || (MaskT::LOCAL && j < cb.unmasked_begin)) {
+                if constexpr (Score::REWRITES)
+                    mask_fragment_rows(mask, s[0], [&](int e2) { return row_lane + 8 * e2; },
+                                       col0, lane);
+                else
+                    mask_fragment(mask, s[0], row_lane, col0, lane);
+            }
             // Online softmax (softmax.cuh): P~_ij in place of S_ij, l_i and O~_i rescaled.
             softmax.template update<ROW_BIAS>(s, o, score.exp2_scale, lane, row_bias);
 #pragma unroll
@@ -627,7 +639,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
             const float l_row = softmax.row_sum(0, e2, lane);
-            softmax.normalise(o, 0, e2, l_row);
+            softmax.template normalise<Tile::CONSUMERS == 2>(o, 0, e2, l_row);  // (softmax.cuh)
             const int row = row_lane + 8 * e2;
             if (SPLIT_TAIL && tail.part >= 0) {
                 if (lane % 4 == 0)

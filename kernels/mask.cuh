@@ -94,11 +94,31 @@ __device__ __forceinline__ void mask_fragment_rows(const MaskT& mask, float (&s)
     }
 }
 // ... where the lane's rows are consecutive queries `row` and `row` + 8 (every kernel but the
-// decode, whose rows pack several heads' queries).
+// decode, whose rows pack several heads' queries). Under the causal mask alone, row's last key
+// is hi = row + seqlen_k - seqlen_q, never past the end of K for row < seqlen_q (rows from
+// seqlen_q on are not stored: they are left to see the keys past it), so row + 8's is hi + 8,
+// and its test in n8 tile nt is row's in tile nt - 1: one comparison for two elements, each
+// against a constant (the limit counted from the lane's first key). (The same constant
+// comparisons for the other masks spilled the d 256 Hopper tiles.)
 template <class MaskT, int NT>
 __device__ __forceinline__ void mask_fragment(const MaskT& mask, float (&s)[NT][4], int row,
                                               int col0, int lane) {
-    mask_fragment_rows(mask, s, [&](int e2) { return row + 8 * e2; }, col0, lane);
+    if constexpr (MaskT::CAUSAL && !MaskT::LOCAL) {
+        const int hi = row + mask.seqlen_k - mask.seqlen_q - (col0 + (lane % 4) * 2);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e1 = 0; e1 < 2; ++e1) {
+                const bool hidden = nt * 8 + e1 > hi;  // key 8 nt + e1 from row, 8 (nt + 1) + e1
+                if (hidden) s[nt][e1] = CUFLASH_NEG_INF;  // from row + 8
+                if (nt + 1 < NT && hidden) s[nt + 1][2 + e1] = CUFLASH_NEG_INF;
+            }
+#pragma unroll
+        for (int e1 = 0; e1 < 2; ++e1)
+            if (e1 > hi + 8) s[0][2 + e1] = CUFLASH_NEG_INF;  // (row + 8, tile 0)
+    } else {
+        mask_fragment_rows(mask, s, [&](int e2) { return row + 8 * e2; }, col0, lane);
+    }
 }
 
 // The same on a transposed fragment, S^T = K Q^T (the Hopper backward: rows are keys,

@@ -255,6 +255,10 @@ struct Sm90FwdParams {
     int nheads;                     // query heads (the persistent grid's tiles)
     int batch;                      // batch entries (the persistent grid's tiles)
     int per_unit;                   // tiles per unit of work: 1, or 2 (causal rows T_r-1-r and r)
+    unsigned heads_mul;             // FastDiv by nheads (common.cuh): multiplier
+    int heads_shift;                // FastDiv by nheads: shift
+    unsigned unit_rows_mul;         // FastDiv by a pair's units, ceil(T_r / per_unit): multiplier (packed batches: unused)
+    int unit_rows_shift;            // FastDiv by a pair's units: shift
     int* tile_counter;              // packed: the tile scheduler's counter, int32, zero at launch
     int tail_tiles;                 // the split tail's tiles, the last ones (causal: the causal tail's units; 0: none)
     float* tail_parts;              // split tail: the split tiles' parts, float32, per boundary
@@ -305,10 +309,14 @@ static_assert(__builtin_offsetof(Sm90FwdParams, total_q) == 624, "Sm90FwdParams.
 static_assert(__builtin_offsetof(Sm90FwdParams, nheads) == 628, "Sm90FwdParams.nheads");
 static_assert(__builtin_offsetof(Sm90FwdParams, batch) == 632, "Sm90FwdParams.batch");
 static_assert(__builtin_offsetof(Sm90FwdParams, per_unit) == 636, "Sm90FwdParams.per_unit");
-static_assert(__builtin_offsetof(Sm90FwdParams, tile_counter) == 640, "Sm90FwdParams.tile_counter");
-static_assert(__builtin_offsetof(Sm90FwdParams, tail_tiles) == 648, "Sm90FwdParams.tail_tiles");
-static_assert(__builtin_offsetof(Sm90FwdParams, tail_parts) == 656, "Sm90FwdParams.tail_parts");
-static_assert(__builtin_offsetof(Sm90FwdParams, tail_flags) == 664, "Sm90FwdParams.tail_flags");
+static_assert(__builtin_offsetof(Sm90FwdParams, heads_mul) == 640, "Sm90FwdParams.heads_mul");
+static_assert(__builtin_offsetof(Sm90FwdParams, heads_shift) == 644, "Sm90FwdParams.heads_shift");
+static_assert(__builtin_offsetof(Sm90FwdParams, unit_rows_mul) == 648, "Sm90FwdParams.unit_rows_mul");
+static_assert(__builtin_offsetof(Sm90FwdParams, unit_rows_shift) == 652, "Sm90FwdParams.unit_rows_shift");
+static_assert(__builtin_offsetof(Sm90FwdParams, tile_counter) == 656, "Sm90FwdParams.tile_counter");
+static_assert(__builtin_offsetof(Sm90FwdParams, tail_tiles) == 664, "Sm90FwdParams.tail_tiles");
+static_assert(__builtin_offsetof(Sm90FwdParams, tail_parts) == 672, "Sm90FwdParams.tail_parts");
+static_assert(__builtin_offsetof(Sm90FwdParams, tail_flags) == 680, "Sm90FwdParams.tail_flags");
 #endif
 
 // Hopper backward kernels (fa2_backward_sm90.cu).

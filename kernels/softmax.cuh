@@ -125,10 +125,15 @@ struct OnlineSoftmax {
     }
 
     // O_i = diag(l_i)^-1 O~_i for row (mt, e2), given its l_i (l_i = 0: the row saw no key,
-    // O_i = 0; a NaN l_i stays NaN).
+    // O_i = 0; a NaN l_i stays NaN). APPROX: 1 / l_i from the special-function unit (2 ulp:
+    // l_i is at most the keys times 2^RESCALE_LOG2, far below __fdividef's limit of 2^126, and
+    // O_i is rounded to 16 bits after) instead of the IEEE division, whose slow-path call sat
+    // on the epilogue's path. The Hopper forward's two-consumer tiles take it (session 27: with
+    // it ptxas scheduled the three-consumer tiles' main loop differently, 2% slower at d 64).
+    template <bool APPROX = false>
     __device__ __forceinline__ void normalise(float (&o)[MT][NT_O][4], int mt, int e2,
                                               float l_row) const {
-        const float inv_l = l_row == 0.f ? 0.f : 1.f / l_row;
+        const float inv_l = l_row == 0.f ? 0.f : APPROX ? __fdividef(1.f, l_row) : 1.f / l_row;
 #pragma unroll
         for (int nt = 0; nt < NT_O; ++nt) {
             o[mt][nt][e2 * 2] *= inv_l;
@@ -138,7 +143,9 @@ struct OnlineSoftmax {
 
     // L_i = lse_scale m_i + log(l_i) of row (mt, e2) (-inf where it saw no key).
     __device__ __forceinline__ float lse(int mt, int e2, float l_row, float lse_scale) const {
-        return l_row == 0.f ? CUFLASH_NEG_INF : m[mt][e2] * lse_scale + logf(l_row);
+        // (log(l_i) from lg2.approx, 2^-22 relative: logf's ~15 FMA-pipe instructions were
+        // on the epilogue's path, for an accuracy L_i does not need)
+        return l_row == 0.f ? CUFLASH_NEG_INF : m[mt][e2] * lse_scale + __logf(l_row);
     }
 };
 

@@ -1527,3 +1527,43 @@ def test_backward_scratch_size_holds_for_folded_batches(fake, monkeypatch, sq, s
         lse = FakeArray(np.zeros((batch * folds, h, sq), np.float32))
         _api._backward(dout, q, k, v, out, lse, False, None, deterministic, None, None, None,
                        None, scratch=FakeArray(np.zeros(one * folds, np.uint8)))
+
+
+def test_fast_div_matches_integer_division():
+    # FastDiv (kernels/common.cuh): n / d = (umulhi(n, mul) + n) >> shift in 32-bit unsigned
+    # arithmetic, for every 0 <= n < 2^31, with the host's (mul, shift) (_registry.fast_div)
+    rng = np.random.default_rng(0)
+    divisors = list(range(1, 2049)) + [2 ** k + e for k in range(11, 31) for e in (-1, 0, 1)]
+    divisors += [int(x) for x in rng.integers(1, 2 ** 31, 500)]
+    for d in divisors:
+        mul, shift = _registry.fast_div(d)
+        assert 0 < mul < 2 ** 32 and 0 <= shift <= 31
+        ns = [0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, 2 ** 31 - 1, 2 ** 31 - 2]
+        ns += [int(x) for x in rng.integers(0, 2 ** 31, 40)]
+        ns += [int(x) for x in rng.integers(0, 4 * d + 4, 20)]
+        for n in ns:
+            if not 0 <= n < 2 ** 31:
+                continue
+            hi_plus_n = ((n * mul) >> 32) + n
+            assert hi_plus_n < 2 ** 32  # (no carry out of the 32-bit add)
+            assert hi_plus_n >> shift == n // d, (n, d)
+    with pytest.raises(ValueError):
+        _registry.fast_div(0)
+
+
+def test_sm90_forward_walk_divides_by_heads_and_a_pairs_units():
+    cfg = _plan.sm90_forward_config(64, True)
+    for seqlen_q, heads, per_unit in ((1, 1, 1), (512, 32, 2), (16384, 16, 2), (333, 7, 1),
+                                      (0, 3, 1)):
+        walk = _registry.sm90_forward_walk(cfg, seqlen_q, heads, per_unit)
+        T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
+        unit_rows = max(1, (T_r + per_unit - 1) // per_unit)
+        assert (walk["heads_mul"], walk["heads_shift"]) == _registry.fast_div(heads)
+        assert ((walk["unit_rows_mul"], walk["unit_rows_shift"])
+                == _registry.fast_div(unit_rows))
+        # the fields pack (u32 multipliers up to 2^32 - 1)
+        buf = bytearray(_params.SM90_FWD.size)
+        fields = {f.name: (0 if f.kind != "strides" else (0, 0, 0))
+                  for f in _params.SM90_FWD.fields if f.default is None}
+        fields.update({f.name: b"\0" * 128 for f in _params.SM90_FWD.fields if f.kind == "tmap"})
+        _params.SM90_FWD.pack_into(buf, **fields, **walk)

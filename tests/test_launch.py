@@ -82,6 +82,8 @@ def test_packing_puts_each_value_at_its_offset(params):
             values[f.name] = (-(2**40) - i, 3 * i + 1, 2**33 + i)
         elif f.kind == "i32":
             values[f.name] = -7 * i - 1
+        elif f.kind == "u32":
+            values[f.name] = 2**32 - 7 * i - 1
         elif f.kind == "tmap":
             values[f.name] = bytes((i * 37 + j) % 256 for j in range(128))
         else:
@@ -97,7 +99,8 @@ def test_packing_puts_each_value_at_its_offset(params):
     assert len(buf.buf) == params.size
     for name, ctype, _, offset in params.members:
         fmt = "<Q" if "*" in ctype else "<q" if ctype == "long long" else \
-            "<i" if ctype == "int" else "<128s" if ctype == "TensorMap" else "<f"
+            "<i" if ctype == "int" else "<I" if ctype == "unsigned" else \
+            "<128s" if ctype == "TensorMap" else "<f"
         (got,) = struct.unpack_from(fmt, buf.buf, offset)
         if isinstance(got, bytes):
             assert got == expect[name] and offset % 64 == 0, name  # (CUtensorMap: 64-aligned)
