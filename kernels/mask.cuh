@@ -1,7 +1,8 @@
 // mask.cuh: which keys a query row sees, and nothing else.
 //
 // One function, Mask::keys(row), gives the key range [lo, hi] of a query row; every element
-// mask in every kernel and every block range (block_range.cuh) is computed from it, and
+// mask in every kernel and every block range (block_range.cuh) is computed from it (the
+// causal mask's fast form in mask_fragment, below, from the same formula), and
 // cuflash/reference.py mirrors it (`Mask.keys`). Masks are limits of that range, counted from
 // the row's diagonal key row + seqlen_k - seqlen_q (aligned to the bottom-right corner as in
 // FlashAttention-2, so that when seqlen_q > seqlen_k the first causal rows see nothing: their

@@ -143,8 +143,9 @@ struct OnlineSoftmax {
 
     // L_i = lse_scale m_i + log(l_i) of row (mt, e2) (-inf where it saw no key).
     __device__ __forceinline__ float lse(int mt, int e2, float l_row, float lse_scale) const {
-        // (log(l_i) from lg2.approx, 2^-22 relative: logf's ~15 FMA-pipe instructions were
-        // on the epilogue's path, for an accuracy L_i does not need)
+        // (log(l_i) by __logf, lg2.approx: an absolute error of about 2^-21, which the
+        // backward's exp(S - L_i) turns into a relative error of P far below its 16-bit
+        // rounding; logf's ~15 FMA-pipe instructions were on the epilogue's path)
         return l_row == 0.f ? CUFLASH_NEG_INF : m[mt][e2] * lse_scale + __logf(l_row);
     }
 };

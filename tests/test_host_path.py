@@ -148,7 +148,8 @@ def fake(monkeypatch):
             values = {}
             for name, ctype, _, off in params.struct.members:
                 fmt = "<Q" if "*" in ctype else "<q" if ctype == "long long" else \
-                    "<i" if ctype == "int" else "<128s" if ctype == "TensorMap" else "<f"
+                    "<i" if ctype == "int" else "<I" if ctype == "unsigned" else \
+                    "<128s" if ctype == "TensorMap" else "<f"
                 values[name] = struct.unpack_from(fmt, params.buf, off)[0]
             launches.append((self.kernel.name, tuple(grid), block, smem, values))
             dependents.append(dependent)
@@ -1567,3 +1568,21 @@ def test_sm90_forward_walk_divides_by_heads_and_a_pairs_units():
                   for f in _params.SM90_FWD.fields if f.default is None}
         fields.update({f.name: b"\0" * 128 for f in _params.SM90_FWD.fields if f.kind == "tmap"})
         _params.SM90_FWD.pack_into(buf, **fields, **walk)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("b,sq,h", [(2, 128 * 70, 2), (1, 333, 7), (3, 4096, 12)])
+def test_dense_sm90_forward_launches_carry_the_walk_divisors(fake, causal, b, sq, h):
+    # the fields default to a division by 1: a dense launch without them would walk the
+    # wrong tiles with no error (fa2_forward_sm90.cu, "the tiles")
+    q, k, v = _qkv(b, sq, 6001, h, 1, 128, BF16)
+    for _ in range(3):  # (the first call, then the remembered launches)
+        _api.forward(q, k, v, causal=causal)
+    assert fake
+    for name, _, _, _, p in fake:
+        assert "fa2_forward_sm90" in name
+        (cfg,) = [c for c in _plan.sm90_forward_configs(128, causal) if c.tile_type in name]
+        T_r = (sq + cfg.B_r - 1) // cfg.B_r
+        unit_rows = (T_r + p["per_unit"] - 1) // p["per_unit"]
+        assert (p["heads_mul"], p["heads_shift"]) == _registry.fast_div(h)
+        assert (p["unit_rows_mul"], p["unit_rows_shift"]) == _registry.fast_div(unit_rows)
