@@ -1105,8 +1105,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
             else:  # (none to be had on a stream being captured: whole tiles, not kept)
                 shape_key, record, tail_sizes = shape_key[:-2] + (False, False), None, None
                 grid, per_unit, tail = (_sm90_grids.get(shape_key)
-                                        or _sm90_grid(cupy, shape_key))
-                walk = _registry.sm90_forward_walk(cfg, seqlen_q, nheads, per_unit)
+                                        or _sm90_grid(cupy, shape_key))  # (per_unit as before)
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + {cfg.consumers} consumer "
               f"warpgroups): "
