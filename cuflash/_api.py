@@ -1074,7 +1074,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
                                             seqlen_k=1 if short else None, local=local,
                                             hooked=hooked, packed=packed))
     cfg, kernel = plan.cfg, kernels["main"]
-    maps = _tma.qkv_maps(q, k, v, qkv_strides, dtype_name, cfg.B_r, cfg.B_c,
+    maps = _tma.qkv_maps(q, k, v, qkv_strides, dtype_name, cfg.q_box_rows, cfg.B_c,
                          bind=kernel.bind_thread)  # (encoding needs the context current)
     if maps is None:
         return False
@@ -1130,7 +1130,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
         kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, params)
         if record is not None:
             record.append((kernel, grid, cfg.threads, cfg.smem_bytes, params, bytes(params.buf),
-                           (qkv_strides, dtype_name, cfg.B_r, cfg.B_c), tail_sizes))
+                           (qkv_strides, dtype_name, cfg.q_box_rows, cfg.B_c), tail_sizes))
     return True
 
 

@@ -327,6 +327,9 @@ class Sm90ForwardConfig:
     def threads(self) -> int:
         return 128 * (1 + self.consumers)
 
+    # Q_i's TMA box rows: one consumer's 64 (each consumer's rows load on their own)
+    q_box_rows = 64
+
     @property
     def tile_type(self) -> str:
         return (f"cuflash::ForwardTileSm90<{self.HD}, {self.B_c}, {self.stages}, "
@@ -339,7 +342,7 @@ class Sm90ForwardConfig:
         # 1024 (alignment) + Q_i + stages x (K_j, V_j) + mbarriers + the packed batches' tile
         # ring (ForwardTileSm90::SMEM_BYTES)
         return 1024 + 2 * self.B_r * self.HD + 2 * self.stages * 2 * self.B_c * self.HD \
-            + 8 * (2 + 4 * self.stages) + 4 * (16 + 2 * 8)
+            + 8 * (2 * self.consumers + 4 * self.stages) + 4 * (16 + 2 * 8)
 
     def tile_asserts(self) -> list[str]:
         return [f"{self.tile_type}::SMEM_BYTES == {self.smem_bytes}"]

@@ -57,16 +57,17 @@ def usable(ptr: int, shape: tuple, strides: tuple, itemsize: int) -> bool:
                for n, s in zip(shape[:3], strides))
 
 
-def qkv_maps(q, k, v, strides: tuple, dtype_name: str, B_r: int, B_c: int, bind=None):
-    """The tensor maps of q (boxes of B_r rows), k and v (B_c rows), with (batch, seq, head)
+def qkv_maps(q, k, v, strides: tuple, dtype_name: str, q_rows: int, B_c: int, bind=None):
+    """The tensor maps of q (boxes of q_rows rows), k and v (B_c rows), with (batch, seq, head)
     element strides `strides` (three 3-tuples); None where TMA cannot describe one of them
     (see `usable`). Cached by addresses, shapes, strides and boxes. `bind`: called before
     encoding (the driver needs a context current on this thread), not on a cache hit."""
-    key = (q.data.ptr, k.data.ptr, v.data.ptr, q.shape, k.shape, strides, dtype_name, B_r, B_c)
+    key = (q.data.ptr, k.data.ptr, v.data.ptr, q.shape, k.shape, strides, dtype_name, q_rows,
+           B_c)
     found = _cache.get(key, False)  # (the forward's key, built inline: its host path is hot)
     if found is not False:
         return found
-    return _encoded(key, (q, k, v), strides, dtype_name, (B_r, B_c, B_c), bind)
+    return _encoded(key, (q, k, v), strides, dtype_name, (q_rows, B_c, B_c), bind)
 
 
 def maps(arrays: tuple, strides: tuple, dtype_name: str, rows: tuple, bind=None):

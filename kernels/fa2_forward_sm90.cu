@@ -96,7 +96,7 @@ struct ForwardTileSm90 {
     // the tiles can start on a 1024-byte boundary whatever the base.
     static constexpr int Q_BYTES = B_r * HD * 2;
     static constexpr int KV_BYTES = B_c * HD * 2;  // one of K_j, V_j
-    static constexpr int BAR_BYTES = 8 * (2 + 4 * STAGES);
+    static constexpr int BAR_BYTES = 8 * (2 * CONSUMERS + 4 * STAGES);
     // The tile ring of packed batches' scheduler ("the tiles" below): SCHED_SLOTS tiles of
     // 16 bytes and two mbarriers each (tile written, tile read by every role).
     static constexpr int SCHED_SLOTS = 4, SCHED_BYTES = SCHED_SLOTS * (16 + 2 * 8);
@@ -136,12 +136,15 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     auto sV = [&](int stage) {
         return sQ + Tile::Q_BYTES + (STAGES + stage) * Tile::KV_BYTES;
     };
+    // (Q_i's barriers per consumer: each consumer's 64 rows are loaded and freed on their own)
     const unsigned bars = sQ + Tile::Q_BYTES + 2 * STAGES * Tile::KV_BYTES;
-    const unsigned q_full = bars, q_free = bars + 8;
-    auto k_full = [&](int stage) { return bars + 8 * (2 + stage); };
-    auto v_full = [&](int stage) { return bars + 8 * (2 + STAGES + stage); };
-    auto k_free = [&](int stage) { return bars + 8 * (2 + 2 * STAGES + stage); };
-    auto v_free = [&](int stage) { return bars + 8 * (2 + 3 * STAGES + stage); };
+    constexpr int QB = 2 * Tile::CONSUMERS;  // (Q_i's barriers, before the K/V slots')
+    auto q_full = [&](int c) { return bars + 8 * c; };
+    auto q_free = [&](int c) { return bars + 8 * (Tile::CONSUMERS + c); };
+    auto k_full = [&](int stage) { return bars + 8 * (QB + stage); };
+    auto v_full = [&](int stage) { return bars + 8 * (QB + STAGES + stage); };
+    auto k_free = [&](int stage) { return bars + 8 * (QB + 2 * STAGES + stage); };
+    auto v_free = [&](int stage) { return bars + 8 * (QB + 3 * STAGES + stage); };
     // The scheduler's ring (packed batches): slot t's tile, "written" and "read" barriers.
     const unsigned sched = bars + Tile::BAR_BYTES;
     auto sched_tile = [&](int t) { return sched + 16 * t; };
@@ -362,8 +365,10 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
     };
 
     if (tid == 0) {
-        mbar_init(q_full, 1);
-        mbar_init(q_free, 4 * Tile::CONSUMERS);  // one arrival per consumer warp
+        for (int c = 0; c < Tile::CONSUMERS; ++c) {
+            mbar_init(q_full(c), 1);
+            mbar_init(q_free(c), 4);  // one arrival per warp of consumer c
+        }
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);
             mbar_init(v_full(s), 1);
@@ -400,13 +405,24 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             const MaskT mask(p, seq.seqlen_q, seq.seqlen_k);
             const ColumnBlocks cb = tile_blocks(mask, tl);
             const int head_k = tl.head / p.group;
-            if (is_k) {  // Q_i: GROUPS boxes of (64 columns x B_r rows), once the last is read
-                mbar_wait(q_free, (count & 1) ^ 1);
-                mbar_arrive_expect_tx(q_full, Tile::Q_BYTES);
+            // Q_i, consumer c's 64 rows: GROUPS boxes of 64 columns x 64 rows, once consumer c
+            // has read its last ones, so that consumer 0's load as soon as its last S of the
+            // tile before is done (a turn before the others'), for its first S here, which
+            // comes first. The K thread loads consumer 0's, the V thread the others' (their
+            // slots free at about the same time as its next V slot), so that the K loads do
+            // not wait behind them for the last consumer's last S.
+            auto load_q = [&](int c) {
+                mbar_wait(q_free(c), (count & 1) ^ 1);
+                mbar_arrive_expect_tx(q_full(c), Tile::Q_BYTES / Tile::CONSUMERS);
                 for (int g = 0; g < GROUPS; ++g)
-                    tma_load_4d(sQ + g * (B_r * 128), &p.tm_q, q_full, g * 64,
-                                seq.q_row0() + tl.row_block * B_r, tl.head, seq.q_batch());
-            }
+                    tma_load_4d(sQ + g * (B_r * 128) + c * (64 * 128), &p.tm_q, q_full(c), g * 64,
+                                seq.q_row0() + tl.row_block * B_r + 64 * c, tl.head,
+                                seq.q_batch());
+            };
+            if (is_k)
+                load_q(0);
+            else
+                for (int c = 1; c < Tile::CONSUMERS; ++c) load_q(c);
             for (int j = cb.begin; j < cb.end; ++j, ++it) {
                 const int stage = it % STAGES;
                 const unsigned full = is_k ? k_full(stage) : v_full(stage);
@@ -423,7 +439,10 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
 
     // ---- consumers ----------------------------------------------------------------------
     regs_increase<Tile::CONSUMER_REGS>();
-    const int wg = warpgroup - 1;          // which 64 rows of Q_i: 64 wg ..
+    // which 64 rows of Q_i: 64 wg .. (shuffled from lane 0: warp-uniform to the compiler, as
+    // CUTLASS takes its warp-group index; as warpgroup - 1, with Q_i's barriers per consumer,
+    // the d 128 and three-consumer tiles spilled 4-60 bytes: compile check)
+    const int wg = __shfl_sync(~0u, warpgroup - 1, 0);
     const int warp = (tid / 32) % 4, lane = tid % 32;
     // This consumer's 64 rows of Q_i: group g at sQ + g * B_r rows * 128 bytes + 64 wg rows.
     const unsigned q_rows = sQ + wg * 64 * 128;
@@ -490,7 +509,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         OnlineSoftmax<1, NT_S, NT_O, false, Tile::LAZY_RESCALE, Tile::RESCALE_LOG2,
                       Tile::POLY_EVERY>
             softmax;
-        mbar_wait(q_full, count & 1);
+        mbar_wait(q_full(wg), count & 1);
 
         // Mask, online softmax and P~ for block j, S_ij in s (awaited): P~_ij packed into pa,
         // the A fragments of P~V (the S accumulators of n8 tiles 2 kk, 2 kk + 1 are the A
@@ -563,9 +582,9 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                 fence_accumulators(o[0]);
                 release(k_free((it0 + i) % STAGES));  // S_ij is done: K_j is read
                 if (i > 0) release(v_free((it0 + i - 1) % STAGES));  // and the last P~V
-                // The tile's last S is done: Q_i may be replaced, and the next tile's Q loads
-                // under this one's last softmax, P~V and epilogue.
-                if (i == n - 1) release(q_free);
+                // The tile's last S is done: this consumer's rows of Q_i may be replaced, and
+                // the next tile's load under this one's last softmax, P~V and epilogue.
+                if (i == n - 1) release(q_free(wg));
                 softmax_step(s, cb.begin + i, pa);
             }
             if (n > 0) {
@@ -623,7 +642,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         }
         wgmma_wait<0>();
         fence_accumulators(o[0]);
-        if (!Tile::PINGPONG || n == 0) release(q_free);  // every S of the tile is done
+        if (!Tile::PINGPONG || n == 0) release(q_free(wg));  // every S of the tile is done
         if constexpr (Tile::PINGPONG) {  // (ping-pong frees V of a step in the next one)
             if (n > 0) release(v_free((it0 + n - 1) % STAGES));
         }

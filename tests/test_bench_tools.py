@@ -100,8 +100,8 @@ def test_config_from_shape_reads_the_bench_notation():
     assert three == _plan.Sm90ForwardConfig(64, 128, 4, pingpong=True, lazy=True, poly=3,
                                             consumers=3)
     assert (three.B_r, three.threads) == (192, 512)
-    assert three.smem_bytes == 1024 + 2 * 192 * 64 + 2 * 4 * 2 * 128 * 64 + 8 * (2 + 4 * 4) \
-        + 4 * (16 + 2 * 8)  # (the mbarriers, then the packed batches' tile ring)
+    assert three.smem_bytes == 1024 + 2 * 192 * 64 + 2 * 4 * 2 * 128 * 64 + 8 * (2 * 3 + 4 * 4) \
+        + 4 * (16 + 2 * 8)  # (the mbarriers: Q_i per consumer, K/V slots; the packed tile ring)
     assert three.tile_type.endswith(", true, true, 3, 3, true>")
     # t: ping-pong's turns start afresh per tile (no hand-over across tiles)
     per_tile = _plan.config_from_shape("fwd", 256, "h64x2pt")

@@ -229,7 +229,8 @@ def test_sm90_forward_packs_tensor_maps_and_fields(fake, monkeypatch, causal, d)
     assert grid == (min(-(-333 // cfg.B_r) * 8 * 2, 132), 1, 1) and p["per_unit"] == 1
     assert smem == cfg.smem_bytes
     assert (p["nheads"], p["batch"]) == (8, 2)
-    for field, x, rows in (("tm_q", q, cfg.B_r), ("tm_k", k, cfg.B_c), ("tm_v", v, cfg.B_c)):
+    # (q's boxes: one consumer warpgroup's 64 rows, each consumer's loaded on their own)
+    for field, x, rows in (("tm_q", q, 64), ("tm_k", k, cfg.B_c), ("tm_v", v, cfg.B_c)):
         b, s, h, _ = x.shape
         words = struct.unpack_from("<15q", p[field])
         assert words == (9, 4, x.data.ptr, d, s, h, b, h * d * 2, d * 2, s * h * d * 2,

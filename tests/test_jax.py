@@ -432,12 +432,13 @@ import cuflash
 import cuflash.jax as cjax
 from cuflash import _api
 
-entries, checked = [0], [0]
+entries, checked, seen = [0], [0], set()
 real_entry, real_forward = cjax._gpu_forward, _api.forward
 
-def counted_entry(*a):  # every time XLA runs the forward's Python callback
+def counted_entry(opts, kept, ctx, outputs, *inputs):  # every time XLA runs the callback
     entries[0] += 1
-    return real_entry(*a)
+    seen.add(tuple(b.__cuda_array_interface__["data"][0] for b in (*outputs, *inputs[:3])))
+    return real_entry(opts, kept, ctx, outputs, *inputs)
 
 def counted_forward(*a, **kw):  # every time the callback takes cuflash.forward's checked path
     checked[0] += 1
@@ -459,17 +460,21 @@ keys = [jax.random.key(s) for s in range(8)]
 outs = {}
 for cb, f in steps.items():
     entries[0] = checked[0] = 0
+    seen.clear()
     for rnd in range(2):
         for i, key in enumerate(keys):
             res = jax.block_until_ready(f(key))
             outs.setdefault((cb, i), []).append(tuple(np.asarray(x) for x in res))
             del res  # (freed before the next call, which may then take the same addresses)
     print(f"command_buffer={cb}: {entries[0]} callback runs, {checked[0]} checked calls, "
-          f"{2 * len(keys)} steps")
+          f"{len(seen)} sets of addresses, {2 * len(keys)} steps")
     if cb:  # XLA replays its CUDA graph without Python at the same addresses
         assert entries[0] < len(keys), f"no replays: {entries[0]} callback runs"
-    else:  # the callback launches its kept bytes from the third call on
-        assert entries[0] == 2 * len(keys) and checked[0] <= 4, (entries[0], checked[0])
+    else:  # the callback launches its kept bytes from a set of addresses' third call on (XLA
+        # usually hands out one or two sets; more under a loaded GPU's allocator)
+        assert entries[0] == 2 * len(keys), entries[0]
+        assert checked[0] <= 2 * len(seen) and checked[0] < entries[0], \
+            (entries[0], checked[0], len(seen))
 cjax._gpu_forward, _api.forward = real_entry, real_forward
 for i, key in enumerate(keys):  # cuflash.forward on CuPy copies of the same inputs
     q, k, v = (cupy.from_dlpack(x).copy() for x in gen(key))
