@@ -538,15 +538,9 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             }
             // Mask (mask.cuh), on blocks that cross a mask limit or the end of K
             // (block_range.cuh): S_ij[r, c] = -inf where key c is not visible from query r.
-            // (the hooked tiles test each row on its own: with the causal mask's tests shared
-            // by a lane's two rows, mask.cuh, the d 128 and 256 hooked tiles spilled)
-            if (j >= cb.masked_begin || (MaskT::LOCAL && j < cb.unmasked_begin)) {
-                if constexpr (Score::REWRITES)
-                    mask_fragment_rows(mask, s[0], [&](int e2) { return row_lane + 8 * e2; },
-                                       col0, lane);
-                else
-                    mask_fragment(mask, s[0], row_lane, col0, lane);
-            }
+            // (the hooked tiles test each row on its own: mask.cuh, SHARED)
+            if (j >= cb.masked_begin || (MaskT::LOCAL && j < cb.unmasked_begin))
+                mask_fragment<!Score::REWRITES>(mask, s[0], row_lane, col0, lane);
             // Online softmax (softmax.cuh): P~_ij in place of S_ij, l_i and O~_i rescaled.
             softmax.template update<ROW_BIAS>(s, o, score.exp2_scale, lane, row_bias);
 #pragma unroll

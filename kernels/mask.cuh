@@ -100,11 +100,13 @@ __device__ __forceinline__ void mask_fragment_rows(const MaskT& mask, float (&s)
 // seqlen_q on are not stored: they are left to see the keys past it), so row + 8's is hi + 8,
 // and its test in n8 tile nt is row's in tile nt - 1: one comparison for two elements, each
 // against a constant (the limit counted from the lane's first key). (The same constant
-// comparisons for the other masks spilled the d 256 Hopper tiles.)
-template <class MaskT, int NT>
+// comparisons for the other masks spilled the d 256 Hopper tiles.) SHARED = false keeps the
+// per-row tests under the causal mask too: the Hopper forward's tiles with the score hook,
+// where the shared tests spilled the d 128 and 256 tiles.
+template <bool SHARED = true, class MaskT, int NT>
 __device__ __forceinline__ void mask_fragment(const MaskT& mask, float (&s)[NT][4], int row,
                                               int col0, int lane) {
-    if constexpr (MaskT::CAUSAL && !MaskT::LOCAL) {
+    if constexpr (SHARED && MaskT::CAUSAL && !MaskT::LOCAL) {
         const int hi = row + mask.seqlen_k - mask.seqlen_q - (col0 + (lane % 4) * 2);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
