@@ -169,7 +169,7 @@ FWD = Struct("FwdParams", "Forward kernels (fa2_forward.cu, fa1_forward.cu).", [
 # K and V as 4-d tensors (d, seqlen, heads, batch), boxes of 64 head-dim columns. The kernel
 # takes the struct as a __grid_constant__ parameter, so TMA reads the maps where they are.
 SM90_FWD = Struct("Sm90FwdParams", "Hopper forward kernel (fa2_forward_sm90.cu).", [
-    Field("tm_q", "tmap", "Q's tensor map, boxes of 64 columns x B_r rows"),
+    Field("tm_q", "tmap", "Q's tensor map, boxes of 64 columns x 64 rows (a consumer's)"),
     Field("tm_k", "tmap", "K's tensor map, boxes of 64 columns x B_c rows"),
     Field("tm_v", "tmap", "V's tensor map, as K's"),
     *FWD.fields,

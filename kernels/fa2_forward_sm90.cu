@@ -16,9 +16,9 @@
 // runs (FA3's intra-warpgroup overlap); neither, each consumer on its own.
 //
 // Work split (warpgroups of 128 threads):
-//   warpgroup 0, the producer: two threads issue the TMA loads (one Q_i and K_j, the other
-//     V_j, into a ring of STAGES shared-memory slots) and the warpgroup gives its registers
-//     to the consumers;
+//   warpgroup 0, the producer: two threads issue the TMA loads (one consumer 0's rows of Q_i
+//     and K_j, the other the other consumers' rows and V_j, into a ring of STAGES shared-
+//     memory slots) and the warpgroup gives its registers to the consumers;
 //   warpgroups 1 .. CONSUMERS (2, or 3 at small head dims), the consumers: each owns 64 of
 //     the B_r = 64 CONSUMERS rows of Q_i and runs the loop above on them; a consumer frees a
 //     slot (an mbarrier arrival per warp) once its
@@ -405,24 +405,24 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
             const MaskT mask(p, seq.seqlen_q, seq.seqlen_k);
             const ColumnBlocks cb = tile_blocks(mask, tl);
             const int head_k = tl.head / p.group;
-            // Q_i, consumer c's 64 rows: GROUPS boxes of 64 columns x 64 rows, once consumer c
+            // Q_i, consumer w's 64 rows: GROUPS boxes of 64 columns x 64 rows, once consumer w
             // has read its last ones, so that consumer 0's load as soon as its last S of the
             // tile before is done (a turn before the others'), for its first S here, which
             // comes first. The K thread loads consumer 0's, the V thread the others' (their
             // slots free at about the same time as its next V slot), so that the K loads do
             // not wait behind them for the last consumer's last S.
-            auto load_q = [&](int c) {
-                mbar_wait(q_free(c), (count & 1) ^ 1);
-                mbar_arrive_expect_tx(q_full(c), Tile::Q_BYTES / Tile::CONSUMERS);
+            auto load_q = [&](int w) {
+                mbar_wait(q_free(w), (count & 1) ^ 1);
+                mbar_arrive_expect_tx(q_full(w), Tile::Q_BYTES / Tile::CONSUMERS);
                 for (int g = 0; g < GROUPS; ++g)
-                    tma_load_4d(sQ + g * (B_r * 128) + c * (64 * 128), &p.tm_q, q_full(c), g * 64,
-                                seq.q_row0() + tl.row_block * B_r + 64 * c, tl.head,
+                    tma_load_4d(sQ + g * (B_r * 128) + w * (64 * 128), &p.tm_q, q_full(w), g * 64,
+                                seq.q_row0() + tl.row_block * B_r + 64 * w, tl.head,
                                 seq.q_batch());
             };
             if (is_k)
                 load_q(0);
             else
-                for (int c = 1; c < Tile::CONSUMERS; ++c) load_q(c);
+                for (int w = 1; w < Tile::CONSUMERS; ++w) load_q(w);
             for (int j = cb.begin; j < cb.end; ++j, ++it) {
                 const int stage = it % STAGES;
                 const unsigned full = is_k ? k_full(stage) : v_full(stage);

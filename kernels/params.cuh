@@ -212,7 +212,7 @@ static_assert(__builtin_offsetof(BwdParams, ws_blocks) == 384, "BwdParams.ws_blo
 
 // Hopper forward kernel (fa2_forward_sm90.cu).
 struct Sm90FwdParams {
-    TensorMap tm_q;                 // Q's tensor map, boxes of 64 columns x B_r rows
+    TensorMap tm_q;                 // Q's tensor map, boxes of 64 columns x 64 rows (a consumer's)
     TensorMap tm_k;                 // K's tensor map, boxes of 64 columns x B_c rows
     TensorMap tm_v;                 // V's tensor map, as K's
     const elem_t* q;                // Q (batch, seqlen_q, heads, d)
