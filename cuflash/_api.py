@@ -1074,8 +1074,8 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
                                             seqlen_k=1 if short else None, local=local,
                                             hooked=hooked, packed=packed))
     cfg, kernel = plan.cfg, kernels["main"]
-    maps = _tma.qkv_maps(q, k, v, qkv_strides, dtype_name, cfg.q_box_rows, cfg.B_c,
-                         bind=kernel.bind_thread)  # (encoding needs the context current)
+    tma = (qkv_strides, dtype_name, cfg.q_box_rows, cfg.B_c)  # (the maps' layout and boxes)
+    maps = _tma.qkv_maps(q, k, v, *tma, bind=kernel.bind_thread)  # (needs the context current)
     if maps is None:
         return False
     tail_sizes = None  # (the split tail's buffer sizes, where it splits)
@@ -1091,8 +1091,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
         causal_tail = causal and not local
         shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail,
                      causal_tail)
-        grid, per_unit, tail = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
-        walk = _registry.sm90_forward_walk(cfg, seqlen_q, nheads, per_unit)
+        grid, per_unit, tail, walk = _sm90_grids.get(shape_key) or _sm90_grid(cupy, shape_key)
         if tail and causal_tail:  # (single tiles, no buffers: fa2_forward_sm90.cu)
             features = dict(features, tail_tiles=tail)
         elif tail:
@@ -1104,8 +1103,8 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
                                 tail_flags=buffers[1])
             else:  # (none to be had on a stream being captured: whole tiles, not kept)
                 shape_key, record, tail_sizes = shape_key[:-2] + (False, False), None, None
-                grid, per_unit, tail = (_sm90_grids.get(shape_key)
-                                        or _sm90_grid(cupy, shape_key))  # (per_unit as before)
+                grid, per_unit, tail, walk = (_sm90_grids.get(shape_key)
+                                              or _sm90_grid(cupy, shape_key))
     if verbose:
         print(f"FA2 Hopper plan (sm_90a: TMA, wgmma, 1 producer + {cfg.consumers} consumer "
               f"warpgroups): "
@@ -1130,7 +1129,7 @@ def _forward_sm90(cupy, device_id, q, k, v, out, lse, kind, features, scale, ver
         kernel(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, params)
         if record is not None:
             record.append((kernel, grid, cfg.threads, cfg.smem_bytes, params, bytes(params.buf),
-                           (qkv_strides, dtype_name, cfg.q_box_rows, cfg.B_c), tail_sizes))
+                           tma, tail_sizes))
     return True
 
 
@@ -1141,15 +1140,19 @@ _NO_WALK: dict = {}  # (packed batches take their tiles from a counter: the fiel
 
 
 def _sm90_grid(cupy, shape_key: tuple):
-    """(grid, per_unit, tail_tiles) of a Hopper forward launch (_registry.sm90_forward_grid)
-    for shape_key = (cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail,
-    causal_tail), kept per shape: training loops launch the same few."""
+    """(grid, per_unit, tail_tiles, walk) of a Hopper forward launch
+    (_registry.sm90_forward_grid; walk: the tile walk's divisor fields for that per_unit,
+    _registry.sm90_forward_walk) for shape_key = (cfg, causal, seqlen_q, nheads, batch,
+    device_id, seqlen_k, split_tail, causal_tail), kept per shape: training loops launch the
+    same few."""
     cfg, causal, seqlen_q, nheads, batch, device_id, seqlen_k, split_tail, causal_tail = \
         shape_key
-    return _keep(_sm90_grids, shape_key, _registry.sm90_forward_grid(
+    grid, per_unit, tail = _registry.sm90_forward_grid(
         cfg, causal, seqlen_q, nheads, batch,
         int(_device_properties(cupy, device_id)["multiProcessorCount"]), seqlen_k, split_tail,
-        causal_tail))
+        causal_tail)
+    walk = _registry.sm90_forward_walk(cfg, seqlen_q, nheads, per_unit)
+    return _keep(_sm90_grids, shape_key, (grid, per_unit, tail, walk))
 
 
 # The split tails' buffers (fa2_forward_sm90.cu, fa2_backward_sm90.cu), per family, GPU and

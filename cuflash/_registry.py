@@ -106,11 +106,10 @@ def fast_div(d: int) -> tuple:
     return ((1 << 32) * ((1 << shift) - d)) // d + 1, shift
 
 
-@functools.lru_cache(maxsize=256)
 def sm90_forward_walk(cfg, seqlen_q: int, nheads: int, per_unit: int) -> dict:
     """The Hopper forward's divisors of its tile walk (fa2_forward_sm90.cu, "the tiles"), as
-    parameter fields: by the heads and by a pair's units, ceil(T_r / per_unit). (Kept per
-    shape, one lookup per call on the host path; the dict is only read.)"""
+    parameter fields: by the heads and by a pair's units, ceil(T_r / per_unit). (_api keeps
+    them with the shape's grid; the dict is only read.)"""
     T_r = (seqlen_q + cfg.B_r - 1) // cfg.B_r
     unit_rows = max(1, (T_r + per_unit - 1) // per_unit)
     (hm, hs), (um, us) = fast_div(nheads), fast_div(unit_rows)

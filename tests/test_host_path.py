@@ -13,6 +13,7 @@ import types
 import ml_dtypes
 import numpy as np
 import pytest
+from param_helpers import member_value
 
 from cuflash import _api, _loader, _params, _plan, _registry, _tma
 
@@ -147,10 +148,7 @@ def fake(monkeypatch):
             assert smem <= self.kernel.max_dynamic_shared_size_bytes or smem <= 48 * 1024
             values = {}
             for name, ctype, _, off in params.struct.members:
-                fmt = "<Q" if "*" in ctype else "<q" if ctype == "long long" else \
-                    "<i" if ctype == "int" else "<I" if ctype == "unsigned" else \
-                    "<128s" if ctype == "TensorMap" else "<f"
-                values[name] = struct.unpack_from(fmt, params.buf, off)[0]
+                values[name] = member_value(ctype, params.buf, off)
             launches.append((self.kernel.name, tuple(grid), block, smem, values))
             dependents.append(dependent)
 

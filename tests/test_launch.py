@@ -12,6 +12,7 @@ import re
 import struct
 
 import pytest
+from param_helpers import member_value
 
 from cuflash import _loader, _params, _plan, _wgmma
 
@@ -98,10 +99,7 @@ def test_packing_puts_each_value_at_its_offset(params):
     buf.pack(**values)
     assert len(buf.buf) == params.size
     for name, ctype, _, offset in params.members:
-        fmt = "<Q" if "*" in ctype else "<q" if ctype == "long long" else \
-            "<i" if ctype == "int" else "<I" if ctype == "unsigned" else \
-            "<128s" if ctype == "TensorMap" else "<f"
-        (got,) = struct.unpack_from(fmt, buf.buf, offset)
+        got = member_value(ctype, buf.buf, offset)
         if isinstance(got, bytes):
             assert got == expect[name] and offset % 64 == 0, name  # (CUtensorMap: 64-aligned)
         else:
