@@ -3,11 +3,8 @@
 # last down (working tree) paired against main (trees/main: f3c0dc0) beside cuDNN, causal
 # d 64, 128, bf16; (2) the Hopper forward's d 128 non-causal tile's key width at n 2048 and
 # 4096 (standard grid shapes), B_c 176 (the table's), 160, 144 and 128, beside cuDNN.
-export PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/kc CUFLASH_CACHE_DIR=/tmp/kc/compile_check
-mkdir -p /tmp/kc
-S=$SECONDS
+source bench/device_call.sh
 T=bench/results/session28/trees
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > $OUT/gpu.txt
 timeout 300 python3 bench/tree_ab.py --pass bwd --others main=$T/main --headdims 64,128 \
   --masks on --dtypes bf16 --seqlens 2048,4096,8192,16384 --rounds 3 \
   --json $OUT/ab_bwd.json > $OUT/ab_bwd.log 2>&1

@@ -1,10 +1,7 @@
 #!/bin/bash
 # Staged for session 29 (not run), call 3: the forward's standard grid with 4 rounds (session
 # 28's 2 rounds left a point 7% apart between rounds) and the backward's with 3.
-export PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/kc CUFLASH_CACHE_DIR=/tmp/kc/compile_check
-mkdir -p /tmp/kc
-S=$SECONDS
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > $OUT/gpu.txt
+source bench/device_call.sh
 PYTHONPATH=$PWD timeout 250 python3 bench/bench.py --grid --passes fwd \
   --headdims 64,128,256 --dtypes bf16,fp16 --rounds 4 --providers cuflash,torch-flash,torch-cudnn \
   --json $OUT/grid_fwd.json > $OUT/grid_fwd.log 2>&1

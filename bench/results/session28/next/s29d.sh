@@ -5,10 +5,7 @@
 # traffic (sessions 24, 28) and the dispatch's balance (a model: 1.002x ideal) are ruled out.
 # Compare per block: instructions, issue rate, stall reasons, and where the time goes in the
 # SASS (SourceCounters, grouped by execution count with session27's ncu_per_count.py).
-export PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/kc CUFLASH_CACHE_DIR=/tmp/kc/compile_check
-mkdir -p /tmp/kc
-S=$SECONDS
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > $OUT/gpu.txt
+source bench/device_call.sh
 SEC="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats"
 for n in 8192 16384; do
   timeout 150 ncu --clock-control none $SEC --section SourceCounters \
