@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 29, call 8 (ran; the change measured 5-7% slower at d 128 and was dropped: narrow_pv.patch; the suite, on the dropped change, was cut at 100% by the device budget): P~V's k-steps only over the keys a consumer's rows see (the last,
+# Session 29, call 8 (ran; the change measured 4-8% slower at d 128 and was dropped: narrow_pv.patch; the suite, on the dropped change, was cut at 100% by the device budget): P~V's k-steps only over the keys a consumer's rows see (the last,
 # partial block of K; the causal diagonal) in the Hopper forward, paired against main
 # (trees/main: `git archive HEAD cuflash kernels` before the change) beside cuDNN: bf16 at
 # d 64, 128, 256 (ab_fwd), then fp16 at d 128; then the whole suite on it with the time left.
