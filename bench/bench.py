@@ -25,7 +25,9 @@ are all queued (the GPU stays busy, so the host's launch preparation is not coun
 triton.testing.do_bench's method, with nvbench's blocking kernel). The host time each call
 spends before it returns is a second, separate figure (host_us, median). --rounds N times
 the providers of each point N times in turn (order reversed every other round) and reports
-the median of the rounds (for ratios near 1.0, where one run of each moves by a few %).
+the median of the rounds (for ratios near 1.0, where one run of each moves by a few %);
+--paired with it takes each round's calls of the providers in turns, call by call, so that
+all run under the same clock (at the H200's power limit the clock follows the load).
 Compilation is excluded. Memory: the peak device memory a call allocates beyond its
 inputs. --kv-heads runs GQA/MQA (torch: enable_gqa=True). bench/plot.py and bench/claims.py
 turn the JSON into the figure and the seed-claims report.
@@ -303,15 +305,19 @@ class Point:
 
 
 def run_point(cp, point, providers, reps, warmup, configs=None, measure_memory=False,
-              log=print, rounds=1):
+              log=print, rounds=1, paired=False):
     """Rows for `point`, one per provider (and tile): kernel time (median_ms), TFLOP/s, host
     time per call. rounds > 1: every provider's inputs are made first, then the providers are
     timed `rounds` times in turn (the order reversed every other round), and ms is the median
     of the rounds' medians (ms_rounds lists them): a point's ratio then rests on alternated
-    runs, not on one run of each provider a few seconds apart."""
+    runs, not on one run of each provider a few seconds apart. paired (with rounds > 1): in
+    each round the providers' calls go in turns, call by call (paired_median_ms), so that
+    every provider is timed under the same clock: at the H200's power limit the clock follows
+    the load, and one provider's rounds spread by 3-20% (PERFORMANCE.md, session 29). The slow
+    providers (naive, FA1) keep their own timing."""
     if rounds > 1:
         return _run_point_rounds(cp, point, providers, reps, warmup, configs, measure_memory,
-                                 log, rounds)
+                                 log, rounds, paired)
     rows = []
     for provider, fns in _set_up(point, providers, configs, rows, log):
         for label, fn in fns.items():
@@ -340,7 +346,7 @@ def release_memory(cp, torch_too: bool) -> None:
 
 
 def _run_point_rounds(cp, point, providers, reps, warmup, configs, measure_memory, log,
-                      rounds):
+                      rounds, paired=False):
     """run_point with rounds > 1 (see there)."""
     rows, timed = [], []  # timed: (row, fn) of each provider that ran once
     for _, fns in _set_up(point, providers, configs, rows, log):
@@ -353,8 +359,19 @@ def _run_point_rounds(cp, point, providers, reps, warmup, configs, measure_memor
                 rows.append(_failed(row, exc))
                 log(row)
     for r in range(rounds):
-        for row, fn in timed if r % 2 == 0 else timed[::-1]:
-            if "error" in row:
+        turn = timed if r % 2 == 0 else timed[::-1]
+        together = [(row, fn) for row, fn in turn
+                    if paired and "error" not in row and not _slow(row["provider"])]
+        if len(together) > 1:
+            try:  # (the rows' indices as keys: two tiles may not share a label, but be safe)
+                got = paired_median_ms(cp, {i: fn for i, (_, fn) in enumerate(together)},
+                                       warmup, reps)
+                for i, (row, _) in enumerate(together):
+                    row.setdefault("ms_rounds", []).append(got[i])
+            except Exception:  # (one failed: time them one by one, which says which)
+                together = []
+        for row, fn in turn:
+            if "error" in row or any(row is t for t, _ in together):
                 continue
             try:
                 row.setdefault("ms_rounds", []).append(
@@ -501,6 +518,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="time every provider this many times in turn at each point and "
                          "report the median (run_point)")
+    ap.add_argument("--paired", action="store_true",
+                    help="with --rounds: in each round, time the providers call by call in "
+                         "turns, so that all run under the same clock (run_point)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
@@ -537,7 +557,8 @@ def main(argv=None) -> int:
               f"h_k={args.kv_heads or args.heads} n={args.seqlen} d={args.headdim} "
               f"causal={args.causal} (kernel timing)")
         rows = run_point(cp, point, providers, args.reps, args.warmup, configs,
-                         log=lambda r: print(_fmt(r), flush=True), rounds=args.rounds)
+                         log=lambda r: print(_fmt(r), flush=True), rounds=args.rounds,
+                         paired=args.paired)
         ours = next((r for r in rows if r["provider"].startswith("cuflash") and r["ms"]), None)
         if ours:
             print("ratios (cuflash TFLOP/s / provider TFLOP/s):")
@@ -581,7 +602,8 @@ def main(argv=None) -> int:
             point = Point(cp, dt, b, h, n, d, causal, which)
             rows += run_point(cp, point, providers, args.reps, args.warmup,
                               measure_memory=which == "fwd",
-                              log=lambda r: print(_fmt(r), flush=True), rounds=args.rounds)
+                              log=lambda r: print(_fmt(r), flush=True), rounds=args.rounds,
+                         paired=args.paired)
             if args.json:  # after every point, so an interrupted run keeps what it measured
                 write_results(args.json, meta, rows)
         print(f"[{'#' * 30}] done in {time.perf_counter() - t0:.0f} s")

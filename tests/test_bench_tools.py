@@ -246,6 +246,58 @@ def test_run_point_rounds_alternates_providers_and_takes_the_median(monkeypatch)
     assert by["c"]["ms"] is None and "no kernel" in by["c"]["error"]
 
 
+def test_run_point_rounds_paired_times_the_providers_call_by_call(monkeypatch):
+    """bench.run_point with rounds > 1 and paired: in each round the providers that ran go to
+    one paired_median_ms, in turn order (reversed every other round); a slow provider (the
+    naive attention) keeps its own median_ms; a round whose paired timing fails times the
+    providers one by one."""
+    import types
+
+    bench = _load("bench")
+    paired_calls, single_calls = [], []
+
+    def paired_median_ms(cp, fns, warmup, reps):
+        labels = [fn.label for fn in fns.values()]
+        paired_calls.append(labels)
+        if len(paired_calls) == 2:
+            raise RuntimeError("out of memory")
+        return {k: {"a": 2.0, "b": 4.0}[fn.label] for k, fn in fns.items()}
+
+    def median_ms(cp, fn, warmup, reps):
+        single_calls.append(fn.label)
+        return {"a": 3.0, "b": 5.0, "naive": 9.0}[fn.label]
+    monkeypatch.setattr(bench, "paired_median_ms", paired_median_ms)
+    monkeypatch.setattr(bench, "median_ms", median_ms)
+    monkeypatch.setattr(bench, "host_us", lambda cp, fn, reps: 1.0)
+
+    def fn(label, fails=False):
+        def f():
+            if fails:
+                raise RuntimeError("no kernel for this shape")
+        f.label = label
+        return f
+
+    class Point:
+        dtype_name, b, h, h_k, n, d, causal, which, flops = "bf16", 1, 1, 1, 8, 8, False, \
+            "fwd", 2e9
+
+        def callables(self, provider, cfg):
+            return {"a": {"a": fn("a")}, "b": {"b": fn("b")}, "naive": {"naive": fn("naive")},
+                    "c": {"c": fn("c", fails=True)}}[provider]
+    cp = types.SimpleNamespace(get_default_memory_pool=lambda: types.SimpleNamespace(
+        free_all_blocks=lambda: None))
+    rows = bench.run_point(cp, Point(), ["a", "c", "naive", "b"], 20, 3, log=lambda r: None,
+                           rounds=3, paired=True)
+    assert paired_calls == [["a", "b"], ["b", "a"], ["a", "b"]]
+    # naive on its own every round; round 2's pair failed, so a and b alone in its order
+    assert single_calls == ["naive", "b", "naive", "a", "naive"]
+    by = {r["provider"]: r for r in rows}
+    assert by["a"]["ms_rounds"] == [2.0, 3.0, 2.0] and by["a"]["ms"] == 2.0
+    assert by["b"]["ms_rounds"] == [4.0, 5.0, 4.0] and by["b"]["ms"] == 4.0
+    assert by["naive"]["ms_rounds"] == [9.0] * 3
+    assert by["c"]["ms"] is None and "no kernel" in by["c"]["error"]
+
+
 def test_shards_split_the_suite_into_disjoint_parts_that_cover_it():
     """pytest --shard K/N (tests/conftest.py): the N parts share no test and together are the
     whole collection; a malformed spec is a usage error. The rule on a list, and once through
