@@ -130,8 +130,11 @@ def test_config_from_shape_reads_the_bench_notation():
     [str(BENCH / "ring_bench.py")],
     [str(BENCH.parent / "examples" / "ring_attention.py")],
     [str(BENCH / "tree_ab.py"), "--others", f"other={BENCH.parent}"],
+    [str(BENCH / "power_probe.py"), "--points", "fwd bf16 128 2048"],
+    [str(BENCH / "kernel_trace.py"), "--points", "fwd bf16 128 2048"],
 ], ids=["bench", "demo", "precompile", "sm90_check", "window_bench", "score_hook_bench",
-        "varlen_bench", "decode_bench", "jax_bench", "ring_bench", "ring_example", "tree_ab"])
+        "varlen_bench", "decode_bench", "jax_bench", "ring_bench", "ring_example", "tree_ab",
+        "power_probe", "kernel_trace"])
 def test_no_gpu_is_said_plainly(cmd):
     """With no GPU visible (CUDA_VISIBLE_DEVICES empty), the bench, the demo and precompile()
     say "no CUDA GPU" instead of failing with a CUDA driver traceback."""
@@ -145,6 +148,22 @@ def test_no_gpu_is_said_plainly(cmd):
     text = res.stdout + res.stderr
     assert "no CUDA GPU" in text, text[-2000:]
     assert "Traceback" not in text or "RuntimeError: no CUDA GPU" in text, text[-2000:]
+
+
+def test_power_probe_reads_nvidia_smi_samples(tmp_path):
+    """bench/power_probe.py: the sampler's CSV lines (timestamp, SM MHz, W, C) as numbers, the
+    timestamp's fraction of a second kept; lines it cannot read (a driver's "[N/A]") left out."""
+    import time
+
+    probe = _load("power_probe")
+    f = tmp_path / "s.csv"
+    f.write_text("2026/12/03 21:58:01.250, 1710, 693.12, 63\n"
+                 "2026/12/03 21:58:01.300, [N/A], 690.00, 63\n"
+                 "2026/12/03 21:58:02.000, 1695, 691.50, 64\n")
+    got = probe._read_samples(str(f))
+    base = time.mktime(time.strptime("2026/12/03 21:58:01", "%Y/%m/%d %H:%M:%S"))
+    assert [round(t - base, 3) for t, *_ in got] == [0.25, 1.0]
+    assert [x[1:] for x in got] == [(1710.0, 693.12, 63.0), (1695.0, 691.5, 64.0)]
 
 
 def test_varlen_bench_draws_a_mix_that_totals_the_tokens():
