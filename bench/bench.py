@@ -213,6 +213,19 @@ class Point:
         fwd_flops = 4 * b * h * n * n * d / (2 if causal else 1)
         self.flops = fwd_flops * (2.5 if which == "bwd" else 1)
 
+    @classmethod
+    def from_spec(cls, cp, spec: str, tokens: int = 16384, width: int = 2048):
+        """The standard grid's point named "PASS DTYPE HEADDIM SEQLEN [c]" ("bwd bf16 128
+        16384 c": batch x seqlen = tokens, heads x d = width; c: causal)."""
+        which, dtype, d, n, *mask = spec.split()
+        d, n = int(d), int(n)
+        return cls(cp, dtype, tokens // n, width // d, n, d, bool(mask), which)
+
+    def call(self, provider):
+        """The provider's own call at this point (cuflash's backward: the default mode)."""
+        got = self.callables(provider)
+        return got.get(provider) or next(iter(got.values()))
+
     def inputs(self):
         """q, k, v (and dout for the backward), (batch, seqlen, heads, d)."""
         cp = self.cp
@@ -362,16 +375,18 @@ def _run_point_rounds(cp, point, providers, reps, warmup, configs, measure_memor
         turn = timed if r % 2 == 0 else timed[::-1]
         together = [(row, fn) for row, fn in turn
                     if paired and "error" not in row and not _slow(row["provider"])]
+        done = set()  # (ids of the rows timed together this round)
         if len(together) > 1:
-            try:  # (the rows' indices as keys: two tiles may not share a label, but be safe)
+            try:  # (keyed by position in the turn)
                 got = paired_median_ms(cp, {i: fn for i, (_, fn) in enumerate(together)},
                                        warmup, reps)
                 for i, (row, _) in enumerate(together):
                     row.setdefault("ms_rounds", []).append(got[i])
+                    done.add(id(row))
             except Exception:  # (one failed: time them one by one, which says which)
-                together = []
+                pass
         for row, fn in turn:
-            if "error" in row or any(row is t for t, _ in together):
+            if "error" in row or id(row) in done:
                 continue
             try:
                 row.setdefault("ms_rounds", []).append(

@@ -13,12 +13,14 @@ precompile() {
 }
 
 # The working tree's forward paired against the tree at $1 (bench/tree_ab.py, name "main") at
-# the standard grid's points, d 64, 128, 256, causal off and on, bf16, 3 rounds; the rows in
-# $OUT/ab_fwd.json and .log, the ratios printed.
+# the standard grid's points, causal off and on, 3 rounds: dtypes $2 (default bf16), head
+# dims $3 (default 64,128,256); the rows in $OUT/$4.json and .log (default ab_fwd), the ratios
+# printed.
 ab_fwd() {
-  timeout 300 python3 bench/tree_ab.py --pass fwd --others main="$1" --headdims 64,128,256 \
-    --masks off,on --dtypes bf16 --seqlens 512,1024,2048,4096,8192,16384 --rounds 3 \
-    --json $OUT/ab_fwd.json > $OUT/ab_fwd.log 2>&1
-  echo "A/B fwd rc=$? at $((SECONDS-S))s"
-  grep -E "^fwd" $OUT/ab_fwd.log | sed -E 's/; max diff.*//; s/ TFLOP.s; time/; time/'
+  local out=${4:-ab_fwd}
+  timeout 300 python3 bench/tree_ab.py --pass fwd --others main="$1" --headdims ${3:-64,128,256} \
+    --masks off,on --dtypes ${2:-bf16} --seqlens 512,1024,2048,4096,8192,16384 --rounds 3 \
+    --json $OUT/$out.json > $OUT/$out.log 2>&1
+  echo "A/B fwd ${2:-bf16} rc=$? at $((SECONDS-S))s"
+  grep -E "^fwd" $OUT/$out.log | sed -E 's/; max diff.*//; s/ TFLOP.s; time/; time/'
 }

@@ -6,7 +6,7 @@ kernel's start to last kernel's end, over the calls). Needs torch (bench only).
 
     python bench/kernel_trace.py --points "bwd bf16 128 16384 c,bwd bf16 128 16384"
 
-A point is "PASS DTYPE HEADDIM SEQLEN [c]" on the standard grid (bench/power_probe.py).
+A point is "PASS DTYPE HEADDIM SEQLEN [c]" on the standard grid (bench.Point.from_spec).
 """
 
 from __future__ import annotations
@@ -44,12 +44,9 @@ def main(argv=None) -> int:
 
     out = []
     for spec in args.points.split(","):
-        which, dtype, d, n, *mask = spec.split()
-        d, n = int(d), int(n)
-        point = bench.Point(cp, dtype, 16384 // n, 2048 // d, n, d, bool(mask), which)
+        point = bench.Point.from_spec(cp, spec)
         for provider in args.providers.split(","):
-            got = point.callables(provider)
-            fn = got.get(provider) or next(iter(got.values()))
+            fn = point.call(provider)
             fn()
             cp.cuda.Device().synchronize()
             t0 = time.time()
@@ -76,7 +73,7 @@ def main(argv=None) -> int:
             for name, us in sorted(per.items(), key=lambda kv: -kv[1]):
                 print(f"    {us:8.1f} us  {name}", flush=True)
             out.append(dict(point=spec, provider=provider, span_us=span, kernels_us=dict(per)))
-            del fn, got
+            del fn
         del point
         bench.release_memory(cp, True)
     if args.json:

@@ -11,8 +11,7 @@ window's second half.
 
     python bench/power_probe.py --points "bwd bf16 128 16384 c,fwd fp16 128 2048"
 
-A point is "PASS DTYPE HEADDIM SEQLEN [c]" on the standard grid (batch * seqlen = 16384,
-heads * headdim = 2048).
+A point is "PASS DTYPE HEADDIM SEQLEN [c]" on the standard grid (bench.Point.from_spec).
 """
 
 from __future__ import annotations
@@ -89,13 +88,8 @@ def main(argv=None) -> int:
     sampler = _sampler(path)
     try:
         for spec in args.points.split(","):
-            which, dtype, d, n, *mask = spec.split()
-            d, n = int(d), int(n)
-            point = bench.Point(cp, dtype, 16384 // n, 2048 // d, n, d, bool(mask), which)
-            fns = {}
-            for provider in args.providers.split(","):
-                got = point.callables(provider)
-                fns[provider] = got.get(provider) or next(iter(got.values()))
+            point = bench.Point.from_spec(cp, spec)
+            fns = {provider: point.call(provider) for provider in args.providers.split(",")}
             est = {}
             for provider, fn in fns.items():  # compile, warm, and a first time per call
                 fn()

@@ -226,68 +226,10 @@ def test_paired_median_ms_times_the_fns_in_turns(monkeypatch):
     assert [x for x in log if x == "a"] == ["a"] * 6
 
 
-def test_run_point_rounds_alternates_providers_and_takes_the_median(monkeypatch):
-    """bench.run_point with rounds > 1: every provider timed once per round, in turn, the
-    order reversed every other round; ms is the median of its rounds; a provider that fails
-    to run reports its error and no time."""
+def _stub_point_and_cp():
+    """For bench.run_point's tests: a point whose providers "a", "b" and "naive" return calls
+    labelled with their names and "c" one that fails, and a stand-in cupy with a memory pool."""
     import types
-
-    bench = _load("bench")  # (a plain `import bench` finds the bench/ folder when run alone)
-    calls, times = [], {"a": [3.0, 1.0, 2.0], "b": [5.0, 4.0, 6.0]}
-
-    def median_ms(cp, fn, warmup, reps):
-        calls.append(fn.label)
-        return times[fn.label][sum(1 for c in calls if c == fn.label) - 1]
-    monkeypatch.setattr(bench, "median_ms", median_ms)
-    monkeypatch.setattr(bench, "host_us", lambda cp, fn, reps: 1.0)
-
-    def fn(label, fails=False):
-        def f():
-            if fails:
-                raise RuntimeError("no kernel for this shape")
-        f.label = label
-        return f
-
-    class Point:
-        dtype_name, b, h, h_k, n, d, causal, which, flops = "bf16", 1, 1, 1, 8, 8, False, \
-            "fwd", 2e9
-
-        def callables(self, provider, cfg):
-            return {"a": {"a": fn("a")}, "b": {"b": fn("b")},
-                    "c": {"c": fn("c", fails=True)}}[provider]
-    cp = types.SimpleNamespace(get_default_memory_pool=lambda: types.SimpleNamespace(
-        free_all_blocks=lambda: None))
-    rows = bench.run_point(cp, Point(), ["a", "c", "b"], 20, 3, log=lambda r: None, rounds=3)
-    assert calls == ["a", "b", "b", "a", "a", "b"]
-    by = {r["provider"]: r for r in rows}
-    assert by["a"]["ms"] == 2.0 and by["a"]["ms_rounds"] == [3.0, 1.0, 2.0]
-    assert by["b"]["ms"] == 5.0 and by["b"]["tflops"] == 2e9 / 5.0 / 1e9
-    assert by["c"]["ms"] is None and "no kernel" in by["c"]["error"]
-
-
-def test_run_point_rounds_paired_times_the_providers_call_by_call(monkeypatch):
-    """bench.run_point with rounds > 1 and paired: in each round the providers that ran go to
-    one paired_median_ms, in turn order (reversed every other round); a slow provider (the
-    naive attention) keeps its own median_ms; a round whose paired timing fails times the
-    providers one by one."""
-    import types
-
-    bench = _load("bench")
-    paired_calls, single_calls = [], []
-
-    def paired_median_ms(cp, fns, warmup, reps):
-        labels = [fn.label for fn in fns.values()]
-        paired_calls.append(labels)
-        if len(paired_calls) == 2:
-            raise RuntimeError("out of memory")
-        return {k: {"a": 2.0, "b": 4.0}[fn.label] for k, fn in fns.items()}
-
-    def median_ms(cp, fn, warmup, reps):
-        single_calls.append(fn.label)
-        return {"a": 3.0, "b": 5.0, "naive": 9.0}[fn.label]
-    monkeypatch.setattr(bench, "paired_median_ms", paired_median_ms)
-    monkeypatch.setattr(bench, "median_ms", median_ms)
-    monkeypatch.setattr(bench, "host_us", lambda cp, fn, reps: 1.0)
 
     def fn(label, fails=False):
         def f():
@@ -305,7 +247,53 @@ def test_run_point_rounds_paired_times_the_providers_call_by_call(monkeypatch):
                     "c": {"c": fn("c", fails=True)}}[provider]
     cp = types.SimpleNamespace(get_default_memory_pool=lambda: types.SimpleNamespace(
         free_all_blocks=lambda: None))
-    rows = bench.run_point(cp, Point(), ["a", "c", "naive", "b"], 20, 3, log=lambda r: None,
+    return Point(), cp
+
+
+def test_run_point_rounds_alternates_providers_and_takes_the_median(monkeypatch):
+    """bench.run_point with rounds > 1: every provider timed once per round, in turn, the
+    order reversed every other round; ms is the median of its rounds; a provider that fails
+    to run reports its error and no time."""
+    bench = _load("bench")  # (a plain `import bench` finds the bench/ folder when run alone)
+    calls, times = [], {"a": [3.0, 1.0, 2.0], "b": [5.0, 4.0, 6.0]}
+
+    def median_ms(cp, fn, warmup, reps):
+        calls.append(fn.label)
+        return times[fn.label][sum(1 for c in calls if c == fn.label) - 1]
+    monkeypatch.setattr(bench, "median_ms", median_ms)
+    monkeypatch.setattr(bench, "host_us", lambda cp, fn, reps: 1.0)
+    point, cp = _stub_point_and_cp()
+    rows = bench.run_point(cp, point, ["a", "c", "b"], 20, 3, log=lambda r: None, rounds=3)
+    assert calls == ["a", "b", "b", "a", "a", "b"]
+    by = {r["provider"]: r for r in rows}
+    assert by["a"]["ms"] == 2.0 and by["a"]["ms_rounds"] == [3.0, 1.0, 2.0]
+    assert by["b"]["ms"] == 5.0 and by["b"]["tflops"] == 2e9 / 5.0 / 1e9
+    assert by["c"]["ms"] is None and "no kernel" in by["c"]["error"]
+
+
+def test_run_point_rounds_paired_times_the_providers_call_by_call(monkeypatch):
+    """bench.run_point with rounds > 1 and paired: in each round the providers that ran go to
+    one paired_median_ms, in turn order (reversed every other round); a slow provider (the
+    naive attention) keeps its own median_ms; a round whose paired timing fails times the
+    providers one by one."""
+    bench = _load("bench")
+    paired_calls, single_calls = [], []
+
+    def paired_median_ms(cp, fns, warmup, reps):
+        labels = [fn.label for fn in fns.values()]
+        paired_calls.append(labels)
+        if len(paired_calls) == 2:
+            raise RuntimeError("out of memory")
+        return {k: {"a": 2.0, "b": 4.0}[fn.label] for k, fn in fns.items()}
+
+    def median_ms(cp, fn, warmup, reps):
+        single_calls.append(fn.label)
+        return {"a": 3.0, "b": 5.0, "naive": 9.0}[fn.label]
+    monkeypatch.setattr(bench, "paired_median_ms", paired_median_ms)
+    monkeypatch.setattr(bench, "median_ms", median_ms)
+    monkeypatch.setattr(bench, "host_us", lambda cp, fn, reps: 1.0)
+    point, cp = _stub_point_and_cp()
+    rows = bench.run_point(cp, point, ["a", "c", "naive", "b"], 20, 3, log=lambda r: None,
                            rounds=3, paired=True)
     assert paired_calls == [["a", "b"], ["b", "a"], ["a", "b"]]
     # naive on its own every round; round 2's pair failed, so a and b alone in its order
@@ -315,6 +303,19 @@ def test_run_point_rounds_paired_times_the_providers_call_by_call(monkeypatch):
     assert by["b"]["ms_rounds"] == [4.0, 5.0, 4.0] and by["b"]["ms"] == 4.0
     assert by["naive"]["ms_rounds"] == [9.0] * 3
     assert by["c"]["ms"] is None and "no kernel" in by["c"]["error"]
+
+
+def test_point_from_spec_reads_the_probes_notation():
+    """bench.Point.from_spec: "PASS DTYPE HEADDIM SEQLEN [c]" on the standard grid (16k tokens,
+    heads x d = 2048), as power_probe.py and kernel_trace.py take their points."""
+    bench = _load("bench")
+    p = bench.Point.from_spec(None, "bwd fp16 64 4096 c")
+    assert (p.which, p.dtype_name, p.b, p.h, p.h_k, p.n, p.d, p.causal) == \
+        ("bwd", "fp16", 4, 32, 32, 4096, 64, True)
+    assert p.flops == 2.5 * 4 * 4 * 32 * 4096 * 4096 * 64 / 2
+    q = bench.Point.from_spec(None, "fwd bf16 128 2048")
+    assert (q.which, q.b, q.h, q.causal, q.flops) == ("fwd", 8, 16, False,
+                                                      4 * 8 * 16 * 2048 * 2048 * 128)
 
 
 def test_shards_split_the_suite_into_disjoint_parts_that_cover_it():

@@ -13,9 +13,5 @@ source bench/device_call.sh
 T=bench/results/session30/trees
 precompile "head_dims=(64, 128, 256), backward=False, max_workers=16"
 ab_fwd $T/main
-timeout 120 python3 bench/tree_ab.py --pass fwd --others main=$T/main --headdims 128 \
-  --masks off,on --dtypes fp16 --seqlens 512,1024,2048,4096,8192,16384 --rounds 3 \
-  --json $OUT/ab_fwd_fp16.json > $OUT/ab_fwd_fp16.log 2>&1
-echo "A/B fwd fp16 rc=$? at $((SECONDS-S))s"
-grep -E "^fwd" $OUT/ab_fwd_fp16.log | sed -E 's/; max diff.*//; s/ TFLOP.s; time/; time/'
+ab_fwd $T/main fp16 128 ab_fwd_fp16
 grep -h -o "max diff.*" $OUT/ab_fwd.log $OUT/ab_fwd_fp16.log | sort | uniq -c | head -5
