@@ -649,6 +649,7 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         // A part of a tile of the split tail ("the tiles") stores its O_i and L_i in float32
         // to its slot of p.tail_parts instead (tail_part_o, tail_part_lse), for the merge
         // after the tiles.
+        const SeqInfo out_seq = SeqT::again(p, seq);  // (packed: reloaded, seqinfo.cuh)
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
             const float l_row = softmax.row_sum(0, e2, lane);
@@ -662,12 +663,13 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
                                           lane);
                 continue;
             }
-            if (lane % 4 == 0 && row < seqlen_q)
-                p.lse[seq.row_vector(head, nheads) + row] =
+            if (lane % 4 == 0 && row < out_seq.seqlen_q)
+                p.lse[out_seq.row_vector(head, nheads) + row] =
                     softmax.lse(0, e2, l_row, score.lse_scale);
-            store_accumulator_row<T>(o[0], e2, p.o + seq.q_offset(p.o_stride_b, p.o_stride_s) +
+            store_accumulator_row<T>(o[0], e2,
+                                     p.o + out_seq.q_offset(p.o_stride_b, p.o_stride_s) +
                                          row * p.o_stride_s + head * p.o_stride_h,
-                                     row < seqlen_q, p.d, lane);
+                                     row < out_seq.seqlen_q, p.d, lane);
         }
     }
     if (Tile::HANDOVER && wg == 0) named_barrier_sync(1, 256);  // (the last hand-over)
