@@ -653,10 +653,12 @@ def _table() -> dict:
     # fwd_local_hooked: a window and the hook in one kernel; d 128's 128x176 spills there
     # causal (4 bytes, the hook's two loop variants, score.cuh apply_fragment).
     put("sm90a", "fwd_local_hooked", 128, True, [_h(128, 128, 2, lazy=True)])
-    # fwd_packed: over a variable-length batch the entry's lengths and offsets take registers
-    # of their own: d 128's 128x176 spills (4-8 bytes): 128x128 with the lazy rescale, which
-    # fits there.
-    put("sm90a", "fwd_packed", 128, None, [_h(128, 128, 2, lazy=True)])
+    # fwd_packed: over a variable-length batch. d 128: the dense call's 128x176 (session 30:
+    # spill-free since the epilogue reloads the entry's offsets, seqinfo.cuh PackedSeq::again;
+    # it had spilled 4-8 bytes, so 128x128 ran). On varlen_bench's mix (16 heads, bf16, two
+    # rounds in turns with 128x128): 672 TFLOP/s of real work against 579-639 non-causal,
+    # 552-566 against 504-562 causal.
+    put("sm90a", "fwd_packed", 128, None, [_h(128, 176, 2, lazy=True)])
     # d 64: three consumers, B_c 128 (session 30, see fwd_feat above; the issue-19 third round
     # measured B_c 112 at 1.08x (non-causal) and 1.04x (causal) the two-consumer 128x128 on
     # varlen_bench's mix, B_c 96 at 1.05x).
