@@ -24,3 +24,19 @@ ab_fwd() {
   echo "A/B fwd ${2:-bf16} rc=$? at $((SECONDS-S))s"
   grep -E "^fwd" $OUT/$out.log | sed -E 's/; max diff.*//; s/ TFLOP.s; time/; time/'
 }
+
+# varlen_bench's forward (bench/varlen_bench.py, cuDNN padded beside it) of the tree at $1
+# ("main") and the working tree ("new") in turns, rounds $4 (default "1 2"), head dim $2 and
+# heads $3: $OUT/varlen_d$2_{main,new}_ROUND.json and .log, the cuflash rows printed.
+ab_varlen() {
+  local r tree dir
+  for r in ${4:-1 2}; do
+    for tree in main new; do
+      if [ $tree = main ]; then dir=$1; else dir=.; fi
+      (cd $dir && timeout 120 python3 bench/varlen_bench.py --headdim $2 --heads $3 --passes fwd \
+        --providers torch-cudnn --json $OUT/varlen_d$2_${tree}_$r.json) > $OUT/varlen_d$2_${tree}_$r.log 2>&1
+      echo "varlen $tree round $r rc=$? at $((SECONDS-S))s"
+      grep -E "cuflash-(varlen|padded)" $OUT/varlen_d$2_${tree}_$r.log
+    done
+  done
+}

@@ -7,12 +7,4 @@
 source bench/device_call.sh
 T=bench/results/session30/trees/main
 precompile "head_dims=(128,), varlen=True, max_workers=16"
-for r in 1 2; do
-  for tree in main new; do
-    if [ $tree = main ]; then d=$T; else d=.; fi
-    (cd $d && timeout 100 python3 bench/varlen_bench.py --headdim 128 --heads 16 --passes fwd \
-      --providers torch-cudnn --json $OUT/varlen_d128_${tree}_$r.json) > $OUT/varlen_d128_${tree}_$r.log 2>&1
-    echo "varlen $tree round $r rc=$? at $((SECONDS-S))s"
-    grep -E "cuflash-(varlen|padded)" $OUT/varlen_d128_${tree}_$r.log
-  done
-done
+ab_varlen $T 128 16 "1 2"

@@ -1,7 +1,8 @@
 #!/bin/bash
-# Staged for session 30 (not run), call 2: the whole GPU suite alone on the final code (run it
-# only if last_pv.patch lands: main's own passed in session 29's call 2; ~410 s with the
-# precompile, the compile check of every specialisation cold inside it).
+# Staged for session 31 (not run), call 1: the whole GPU suite alone on main. Session 30's
+# last change (fwd_packed at d 128 on 128x176, e4641c1) had only the varlen and packed tests
+# (101 passed); the whole suite passed on the commit before it (session30/call4). ~390 s with
+# the precompile.
 source bench/device_call.sh
 precompile "fa1=True, windows=True, varlen=True, decode=True, max_workers=16"
 PYTHONPATH=$PWD timeout $((590-SECONDS+S)) python3 -m pytest -rfEs -q -p no:cacheprovider -n 16 --durations=10 \
