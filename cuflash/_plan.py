@@ -634,19 +634,19 @@ def _table() -> dict:
     put("sm90a", "fwd_short", 256, None, [_h(256, 64, 2)])
     # fwd_feat: two of a sliding window, the score hook and a variable-length batch. d 64
     # non-causal: the plain call's three-warpgroup tile at B_c 128 (session 30: every variant
-    # compiles spill-free, the packed ones since their epilogue reloads the entry's offsets,
-    # seqinfo.cuh PackedSeq::again; from session 19 to 29 B_c 112, where B_c 128 spilled with a
-    # window and the hook, and in the packed kernels). A window alone over a dense batch
-    # takes the plain call's tiles, the short one by the window's width (sm90_window_short):
-    # the three-warpgroup B_c 128 tiles took 8-13% less time than the two-warpgroup tile at
-    # widths of 2048-8192 keys (session 19). Causal keeps the two-warpgroup short tile. (The
-    # issue-19 third round measured B_c 112 against that short tile with the hook: non-causal
-    # 1.11-1.19x faster at n 2k and 8k, causal 0.90x at n 2k and 1.04x at 8k.) The hook alone
-    # over a dense batch takes the plain call's tiles at every head dim (sm90_forward_config):
-    # at d 64 the three-warpgroup B_c 128 tiles measured against B_c 112 with the hook
-    # (session 19, score_hook_bench --configs, two rounds): non-causal 2-9% less time at n
-    # 2k-16k; causal past the short keys 1-8% less with ALiBi, 0-1% more with the softcap
-    # (where B_c 112 had measured 1.11x (softcap) and 1.07x (ALiBi) faster than the
+    # compiles spill-free, the packed ones since their epilogue reloads the entry's offsets
+    # through opaque(), fa2_forward_sm90.cu; from session 19 to 29 B_c 112, where B_c 128
+    # spilled with a window and the hook, and in the packed kernels). A window alone over a
+    # dense batch takes the plain call's tiles, the short one by the window's width
+    # (sm90_window_short): the three-warpgroup B_c 128 tiles took 8-13% less time than the
+    # two-warpgroup tile at widths of 2048-8192 keys (session 19). Causal keeps the
+    # two-warpgroup short tile. (The issue-19 third round measured B_c 112 against that short
+    # tile with the hook: non-causal 1.11-1.19x faster at n 2k and 8k, causal 0.90x at n 2k and
+    # 1.04x at 8k.) The hook alone over a dense batch takes the plain call's tiles at every head
+    # dim (sm90_forward_config): at d 64 the three-warpgroup B_c 128 tiles measured against B_c
+    # 112 with the hook (session 19, score_hook_bench --configs, two rounds): non-causal 2-9%
+    # less time at n 2k-16k; causal past the short keys 1-8% less with ALiBi, 0-1% more with the
+    # softcap (where B_c 112 had measured 1.11x (softcap) and 1.07x (ALiBi) faster than the
     # two-warpgroup tile at n 8k, session 18).
     put("sm90a", "fwd_feat", 64, False, [_h(64, 128, 3, consumers=3)])
     put("sm90a", "fwd_feat", 64, True, [_h(64, 128, 4)])
@@ -654,10 +654,10 @@ def _table() -> dict:
     # causal (4 bytes, the hook's two loop variants, score.cuh apply_fragment).
     put("sm90a", "fwd_local_hooked", 128, True, [_h(128, 128, 2, lazy=True)])
     # fwd_packed: over a variable-length batch. d 128: the dense call's 128x176 (session 30:
-    # spill-free since the epilogue reloads the entry's offsets, seqinfo.cuh PackedSeq::again;
-    # it had spilled 4-8 bytes, so 128x128 ran). On varlen_bench's mix (16 heads, bf16, two
-    # rounds in turns with 128x128): 672 TFLOP/s of real work against 579-639 non-causal,
-    # 552-566 against 504-562 causal.
+    # spill-free since the epilogue reloads the entry's offsets through opaque(); it had
+    # spilled 4-8 bytes, so 128x128 ran). On varlen_bench's mix (16 heads, bf16, two rounds in
+    # turns with 128x128): 672 TFLOP/s of real work against 579-639 non-causal, 552-566
+    # against 504-562 causal.
     put("sm90a", "fwd_packed", 128, None, [_h(128, 176, 2, lazy=True)])
     # d 64: three consumers, B_c 128 (session 30, see fwd_feat above; the issue-19 third round
     # measured B_c 112 at 1.08x (non-causal) and 1.04x (causal) the two-consumer 128x128 on

@@ -649,7 +649,9 @@ fa2_forward_sm90(const __grid_constant__ Sm90FwdParams p) {
         // A part of a tile of the split tail ("the tiles") stores its O_i and L_i in float32
         // to its slot of p.tail_parts instead (tail_part_o, tail_part_lse), for the merge
         // after the tiles.
-        const SeqInfo out_seq = SeqT::again(p, seq);  // (packed: reloaded, seqinfo.cuh)
+        // (packed: the entry's offsets loaded afresh through opaque (common.cuh), not kept in
+        // registers through the loop, where d 64's B_c 128 tile spilled; dense: seq's)
+        const SeqInfo out_seq = SeqT::PACKED ? SeqT::info(p, opaque(tl.batch)) : seq;
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
             const float l_row = softmax.row_sum(0, e2, lane);

@@ -53,11 +53,6 @@ struct DenseSeq {
     static __device__ __forceinline__ SeqInfo info(const Params& p, int batch) {
         return {batch, p.seqlen_q, p.seqlen_k, -1, -1, 0};
     }
-    // (see PackedSeq::again: the dense fields cost no registers, they are kept)
-    template <class Params>
-    static __device__ __forceinline__ SeqInfo again(const Params&, const SeqInfo& seq) {
-        return seq;
-    }
 };
 // (params with the packed fields: FwdParams, Sm90FwdParams, BwdParams)
 struct PackedSeq {
@@ -67,23 +62,6 @@ struct PackedSeq {
         const int q0 = p.cu_seqlens_q[batch], k0 = p.cu_seqlens_k[batch];
         return {batch, p.cu_seqlens_q[batch + 1] - q0, p.cu_seqlens_k[batch + 1] - k0, q0, k0,
                 p.total_q};
-    }
-    // seq = info(p, batch)'s query-side fields again, after a long loop: loaded afresh, by
-    // loads the compiler cannot merge with info's, so that a kernel need not keep the entry's
-    // offsets in registers through the loop (the Hopper forward's epilogue: its d 64 tile of
-    // B_c 128 spilled without it). The key-side fields are left 0.
-    template <class Params>
-    static __device__ __forceinline__ SeqInfo again(const Params& p, const SeqInfo& seq) {
-        const int q0 = ld_global_again(p.cu_seqlens_q + seq.batch);
-        const int q1 = ld_global_again(p.cu_seqlens_q + seq.batch + 1);
-        return {seq.batch, q1 - q0, 0, q0, 0, p.total_q};
-    }
-
-  private:
-    static __device__ __forceinline__ int ld_global_again(const int* ptr) {
-        int v;
-        asm volatile("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(ptr));
-        return v;
     }
 };
 
